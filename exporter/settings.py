@@ -1,0 +1,111 @@
+"""Settings: how the exporter runs (flags and environment), as one frozen object.
+
+Parsing and validation live in :mod:`exporter.cli`; this module only holds
+the resulting type and pure helpers on URLs that several modules need.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+DEFAULT_URL = "postgresql:///?sslmode=disable"
+DEFAULT_LISTEN = ":9630"
+DEFAULT_TELEMETRY_PATH = "/metrics"
+DEFAULT_EXCLUDE = ("template0", "template1", "postgres")
+DEFAULT_CONNECT_TIMEOUT_MS = 100
+DEFAULT_MAX_SERIES = 100_000
+CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
+MASK = "xxxxx"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the command line and environment decide."""
+
+    url: str = DEFAULT_URL  # sslmode already injected
+    config: str | None = None  # resolved path of a collector file or directory
+    listen_addresses: tuple[str, ...] = (DEFAULT_LISTEN,)
+    web_config_file: str | None = None
+    telemetry_path: str = DEFAULT_TELEMETRY_PATH
+    const_labels: tuple[tuple[str, str], ...] = ()
+    tags: tuple[str, ...] = ()
+    disable_cache: bool = False
+    disable_intro: bool = False
+    auto_discovery: bool = True
+    exclude_databases: tuple[str, ...] = DEFAULT_EXCLUDE
+    include_databases: tuple[str, ...] = ()
+    namespace: str | None = None  # None: "pg", or "pgbouncer" in pgBouncer mode
+    fail_fast: bool = False
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_MS / 1000  # seconds
+    max_series: int = DEFAULT_MAX_SERIES
+    dry_run: bool = False
+    explain: bool = False
+    log_level: str = "info"  # debug, info, warn, error
+    log_format: str = "logfmt"  # logfmt, json
+
+    @property
+    def masked_url(self) -> str:
+        """The target URL safe to log or show."""
+        return mask_url(self.url)
+
+    @property
+    def is_pgbouncer(self) -> bool:
+        """True when the target is pgBouncer's admin console (database ``pgbouncer``)."""
+        return database_of(self.url) == "pgbouncer"
+
+    def effective_namespace(self) -> str:
+        """Namespace of the self-metrics."""
+        if self.namespace:
+            return self.namespace
+        return "pgbouncer" if self.is_pgbouncer else "pg"
+
+
+def with_sslmode(url: str) -> str:
+    """Add ``sslmode=disable`` when the URL does not choose an sslmode."""
+    if _is_keyword_dsn(url):
+        return url if re.search(r"(^|\s)sslmode\s*=", url) else f"{url} sslmode=disable".strip()
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k == "sslmode" for k, _ in query):
+        return url
+    query.append(("sslmode", "disable"))
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/:")))
+
+
+def mask_url(url: str) -> str:
+    """Replace every password in a URL or keyword DSN by ``xxxxx``."""
+    if _is_keyword_dsn(url):
+        return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", rf"\g<1>{MASK}", url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK  # unparseable: show nothing rather than a secret
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":" + MASK
+        netloc = f"{userinfo}@{hostport}"
+    query = re.sub(r"(^|&)(password=)[^&]*", rf"\g<1>\g<2>{MASK}", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def database_of(url: str) -> str:
+    """The database named by a URL or DSN ('' when it relies on defaults)."""
+    if _is_keyword_dsn(url):
+        match = re.search(r"(?:^|\s)dbname\s*=\s*(\S+)", url)
+        return match.group(1).strip("'") if match else ""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
+    for key, value in parse_qsl(parts.query):
+        if key == "dbname":
+            return value
+    return parts.path.lstrip("/")
+
+
+def _is_keyword_dsn(url: str) -> bool:
+    return not re.match(r"^postgres(ql)?://", url)
