@@ -1,0 +1,197 @@
+"""The thin I/O layer: one PostgreSQL connection, its preflight facts, and collector SQL.
+
+Everything here awaits the server; decisions (what to run, how to turn rows into
+series) live in pure modules. Each collector runs in its own short READ ONLY
+transaction whose server-side limits match its client-side deadline (D1), so
+whichever fires first leaves the same state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
+
+from exporter.definitions import Collector, Predicate
+from exporter.planning import ServerFacts
+from exporter.settings import mask_url
+
+log = logging.getLogger(__name__)
+
+APPLICATION_NAME = "pg_exporter"
+FETCH_BATCH = 1000  # rows converted per step: bounds Python objects alive at once (D9)
+LOCK_TIMEOUT_CAP = 1.0  # seconds; lock waits are a small fraction of the statement limit (D3)
+
+_PREFLIGHT_SQL = """
+SELECT current_setting('server_version_num')::int,
+       pg_is_in_recovery(),
+       current_database(),
+       current_user,
+       ARRAY(SELECT extname::text FROM pg_extension),
+       ARRAY(SELECT nspname::text FROM pg_namespace),
+       ARRAY(SELECT datname::text FROM pg_database
+             WHERE datallowconn AND NOT datistemplate ORDER BY datname)
+"""
+
+
+class PredicateError(Exception):
+    """A predicate query returned something other than one boolean (or no row)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Preflight:
+    """What one round trip tells about a server before its collectors run."""
+
+    facts: ServerFacts
+    databases: tuple[str, ...]  # connectable, non-template databases (for discovery)
+
+
+def conninfo_for(url: str, dbname: str | None, connect_timeout: float) -> str:
+    """Connection string for ``url``, optionally on another database, with our identity."""
+    params = conninfo_to_dict(url)
+    extra: dict[str, str | int] = {}
+    if dbname is not None:
+        extra["dbname"] = dbname
+    if "application_name" not in params:
+        extra["application_name"] = APPLICATION_NAME
+    # libpq rounds connect_timeout up to whole seconds (minimum 2); asyncio.timeout in
+    # connect() is what really bounds connecting, this only stops libpq waiting forever.
+    extra["connect_timeout"] = max(2, int(connect_timeout + 0.999))
+    return make_conninfo(url, **extra)
+
+
+async def connect(conninfo: str, connect_timeout: float) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    """Open an autocommit connection within ``connect_timeout`` seconds (D6)."""
+    try:
+        async with asyncio.timeout(connect_timeout):
+            return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    except TimeoutError:
+        raise psycopg.OperationalError(
+            f"connecting to {mask_url(conninfo)} took longer than {connect_timeout:g}s "
+            "(raise --connect-timeout if the server is slow to accept)"
+        ) from None
+
+
+async def preflight(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], *, is_main: bool
+) -> Preflight:
+    """Version, recovery, database, user, extensions, schemas and databases in one query."""
+    async with conn.cursor() as cur:
+        await cur.execute(_PREFLIGHT_SQL)
+        row = await cur.fetchone()
+    if row is None:  # pragma: no cover - the query always returns a row
+        raise psycopg.DataError("preflight query returned no row")
+    version, recovery, datname, user, exts, schemas, dbs = row
+    facts = ServerFacts(
+        version=int(str(version)),
+        in_recovery=bool(recovery),
+        datname=str(datname),
+        username=str(user),
+        extensions=frozenset(_strings(exts)),
+        schemas=frozenset(_strings(schemas)),
+        is_main=is_main,
+    )
+    return Preflight(facts=facts, databases=tuple(_strings(dbs)))
+
+
+def _strings(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def limits_sql(timeout: float | None, server_version: int) -> str:
+    """``BEGIN READ ONLY`` plus SET LOCAL limits derived from a collector's timeout (D1)."""
+    parts = ["BEGIN READ ONLY"]
+    if timeout is not None:
+        ms = max(1, int(timeout * 1000))
+        lock_ms = max(1, int(min(timeout / 4, LOCK_TIMEOUT_CAP) * 1000))
+        parts.append(f"SET LOCAL statement_timeout = {ms}")
+    else:
+        lock_ms = int(LOCK_TIMEOUT_CAP * 1000)
+        ms = 0
+    parts.append(f"SET LOCAL lock_timeout = {lock_ms}")
+    idle_ms = max(1000, ms)
+    parts.append(f"SET LOCAL idle_in_transaction_session_timeout = {idle_ms}")
+    if server_version >= 170000 and timeout is not None:
+        parts.append(f"SET LOCAL transaction_timeout = {ms}")
+    return "; ".join(parts)
+
+
+async def run_predicate(
+    cur: psycopg.AsyncCursor[tuple[object, ...]], predicate: Predicate
+) -> bool:
+    """True when the predicate holds; NULL, false or no row mean skip."""
+    await cur.execute(predicate.sql)
+    if cur.description is None or len(cur.description) != 1:
+        raise PredicateError(f"predicate {predicate.name!r} must return exactly one column")
+    rows = await cur.fetchmany(2)
+    if len(rows) > 1:
+        raise PredicateError(f"predicate {predicate.name!r} returned more than one row")
+    if not rows or rows[0][0] is None:
+        return False
+    value = rows[0][0]
+    if not isinstance(value, bool):
+        raise PredicateError(
+            f"predicate {predicate.name!r} returned {type(value).__name__}, expected a boolean"
+        )
+    return value
+
+
+async def fetch_batches(
+    cur: psycopg.AsyncCursor[tuple[object, ...]], query: str
+) -> tuple[Sequence[str], list[list[tuple[object, ...]]]]:
+    """Run ``query`` and return its column names and rows in bounded batches."""
+    await cur.execute(query)
+    if cur.description is None:
+        raise psycopg.ProgrammingError("the collector query returned no result set")
+    names = [d.name for d in cur.description]
+    batches: list[list[tuple[object, ...]]] = []
+    while batch := await cur.fetchmany(FETCH_BATCH):
+        batches.append(batch)
+    return names, batches
+
+
+async def begin(
+    cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector, server_version: int
+) -> None:
+    """Open the collector's read-only transaction with its limits in one round trip."""
+    await cur.execute(limits_sql(collector.timeout, server_version))
+
+
+async def settle(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    """End the collector's transaction; False when the connection is no longer usable (D7)."""
+    if conn.closed or conn.broken:
+        return False
+    status = conn.info.transaction_status
+    try:
+        if status == TransactionStatus.INTRANS:
+            await conn.execute("COMMIT")
+        elif status == TransactionStatus.INERROR:
+            await conn.execute("ROLLBACK")
+        elif status != TransactionStatus.IDLE:
+            return False
+    except psycopg.Error:
+        return False
+    return conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def is_connection_lost(exc: BaseException) -> bool:
+    """True for errors after which the connection cannot be trusted."""
+    return isinstance(exc, psycopg.OperationalError | pgerrors.AdminShutdown) and not isinstance(
+        exc, pgerrors.QueryCanceled | pgerrors.LockNotAvailable
+    )
+
+
+async def close_quietly(conn: psycopg.AsyncConnection[tuple[object, ...]] | None) -> None:
+    """Close a connection, ignoring errors from one that is already gone."""
+    if conn is None or conn.closed:
+        return
+    try:
+        await conn.close()
+    except psycopg.Error as exc:  # pragma: no cover - best effort
+        log.debug("closing connection failed: %s", exc)

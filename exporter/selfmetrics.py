@@ -1,0 +1,145 @@
+"""The exporter's own metrics (compatibility §5), built fresh for every response.
+
+Names are exactly those of the Go exporter under the chosen namespace. The
+counters among them keep their names in the text format (no ``_total``).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from collections.abc import Iterable, Sequence
+
+from exporter import __version__
+from exporter.cache import ttl_left
+from exporter.collection import Exporter
+from exporter.exposition import Family, make_family
+from exporter.server import Server
+
+Labels = Sequence[tuple[str, str]]
+Samples = list[tuple[Labels, float]]
+
+
+class SelfMetrics:
+    """Renders self-metric families for one namespace and set of const labels."""
+
+    def __init__(self, namespace: str, const_labels: Labels) -> None:
+        self.ns = namespace
+        self.const = tuple(const_labels)
+
+    def _family(self, suffix: str, kind: str, help_: str, samples: Samples) -> Family:
+        rows = [((*labels, *self.const), value) for labels, value in samples]
+        return make_family(f"{self.ns}_{suffix}", kind, help_, rows)
+
+    def _single(self, suffix: str, kind: str, help_: str, value: float) -> Family:
+        return self._family(suffix, kind, help_, [((), value)])
+
+    def families(self, exporter: Exporter) -> list[Family]:
+        """Every self-metric family for the exporter's current state."""
+        return [*self.target(exporter), *self.exporter(exporter), *self.per_server(exporter)]
+
+    def target(self, exporter: Exporter) -> list[Family]:
+        """``pg_up``, ``pg_version``, ``pg_in_recovery`` of the main database."""
+        main = exporter.main
+        facts = main.facts
+        return [
+            self._single("up", "gauge", "1 when the target answered the last pass", _b(main.up)),
+            self._single(
+                "version", "gauge", "server version number of the target",
+                float(facts.version) if facts else 0.0,
+            ),
+            self._single(
+                "in_recovery", "gauge", "1 when the target is in recovery (a replica)",
+                _b(facts.in_recovery) if facts else 0.0,
+            ),
+        ]
+
+    def exporter(self, exporter: Exporter) -> list[Family]:
+        """Build info, uptime and pass counters."""
+        stats = exporter.stats
+        build = (
+            ("version", __version__),
+            ("revision", ""),
+            ("branch", ""),
+            ("builddate", ""),
+            ("pyversion", platform.python_version()),
+            ("os", sys.platform),
+            ("arch", platform.machine()),
+        )
+        return [
+            self._family("exporter_build_info", "gauge", "exporter build facts; value 1",
+                         [(build, 1.0)]),
+            self._single("exporter_up", "gauge", "always 1 while the exporter runs", 1.0),
+            self._single("exporter_uptime", "gauge", "seconds since the exporter started",
+                         time.time() - stats.started_at),
+            self._single("exporter_last_scrape_time", "gauge",
+                         "Unix time when the last pass ended", stats.last_scrape_time),
+            self._single("exporter_scrape_duration", "gauge",
+                         "seconds the last pass took", stats.last_duration),
+            self._single("exporter_scrape_total_count", "counter",
+                         "passes run since start", float(stats.scrapes)),
+            self._single("exporter_scrape_error_count", "counter",
+                         "passes that failed (connection or fatal collector)", float(stats.errors)),
+        ]
+
+    def per_server(self, exporter: Exporter) -> list[Family]:
+        """Per-database and per-collector statistics."""
+        servers = exporter.servers
+        per_db = [
+            ("exporter_server_scrape_duration", "seconds the last pass of this database took",
+             lambda s: s.last_duration),
+            ("exporter_server_scrape_total_seconds", "seconds spent on this database since start",
+             lambda s: s.total_seconds),
+            ("exporter_server_scrape_total_count", "passes of this database since start",
+             lambda s: float(s.scrape_count)),
+            ("exporter_server_scrape_error_count", "failed passes of this database since start",
+             lambda s: float(s.error_count)),
+        ]
+        out = [
+            self._family(name, "gauge", help_, [((("datname", s.label),), get(s)) for s in servers])
+            for name, help_, get in per_db
+        ]
+        out.extend(self.per_query(servers, exporter.clock()))
+        return out
+
+    def per_query(self, servers: Iterable[Server], now: float) -> list[Family]:
+        """``*_exporter_query_*`` families, one sample per collector and database."""
+        names = {
+            "cache_ttl": "seconds until the collector's cached result expires",
+            "scrape_total_count": "executions and cache hits of the collector",
+            "scrape_hit_count": "times the collector was served from its cache",
+            "scrape_error_count": "failed executions of the collector",
+            "scrape_predicate_skip_count": "executions skipped by a predicate query",
+            "scrape_duration": "seconds the collector's last execution took",
+            "scrape_metric_count": "series the collector's last execution produced",
+        }
+        samples: dict[str, Samples] = {name: [] for name in names}
+        for server in servers:
+            if server.plan is None:
+                continue
+            for collector in server.plan.planned:
+                stats = server.stats.get(collector.key)
+                if stats is None:
+                    continue
+                labels = (("datname", server.label), ("query", collector.key))
+                entry = server.entries.get(collector.key)
+                values = {
+                    "cache_ttl": ttl_left(entry, collector.ttl, now),
+                    "scrape_total_count": stats.total,
+                    "scrape_hit_count": stats.hits,
+                    "scrape_error_count": stats.errors,
+                    "scrape_predicate_skip_count": stats.skips,
+                    "scrape_duration": stats.last_duration,
+                    "scrape_metric_count": stats.series,
+                }
+                for name, value in values.items():
+                    samples[name].append((labels, float(value)))
+        return [
+            self._family(f"exporter_query_{name}", "gauge", help_, samples[name])
+            for name, help_ in names.items()
+        ]
+
+
+def _b(flag: bool) -> float:
+    return 1.0 if flag else 0.0

@@ -1,0 +1,264 @@
+"""One scraped database: its connection, plan, caches and statistics.
+
+A ``Server`` owns exactly one connection (D5), opened lazily and replaced after
+it is lost (D8). Its collectors run one at a time in priority order, each under
+its own deadline; results are published whole or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import errors as pgerrors
+
+from exporter import postgres
+from exporter.budget import Budget
+from exporter.cache import CollectorStats, Entry, Outcome, is_fresh
+from exporter.definitions import Collector, Definitions, Predicate
+from exporter.errors import CollectorError, TooManySeriesError
+from exporter.exposition import Family
+from exporter.planning import Plan, ServerFacts, make_plan, needs_replan
+from exporter.samples import SampleBuilder
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.AsyncConnection[tuple[object, ...]]
+
+
+class FatalCollectorFailed(Exception):
+    """A ``fatal: true`` collector failed: the database's pass stops here."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """What every database of one exporter shares."""
+
+    url: str
+    connect_timeout: float
+    const_labels: tuple[tuple[str, str], ...]
+    tags: tuple[str, ...]
+    disable_cache: bool
+    max_series: int
+
+
+@dataclass(slots=True)
+class ServerResult:
+    """What one database's part of a pass produced."""
+
+    families: list[Family] = field(default_factory=list)
+    up: bool = False
+    error: str = ""  # connection/preflight or fatal collector failure
+    interrupted: str | None = None  # "budget" or "client" when the request stopped the walk
+
+
+class Server:
+    """One database scraped by the exporter."""
+
+    def __init__(
+        self,
+        datname: str | None,
+        options: ServerOptions,
+        definitions: Definitions,
+        *,
+        is_main: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.datname = datname  # None: whatever the URL names
+        self.options = options
+        self.definitions = definitions
+        self.is_main = is_main
+        self.clock = clock
+        self.conn: Conn | None = None
+        self.facts: ServerFacts | None = None
+        self.databases: tuple[str, ...] = ()
+        self.plan: Plan | None = None
+        self.entries: dict[str, Entry] = {}
+        self.predicates: dict[tuple[str, str], tuple[bool, float]] = {}
+        self.stats: dict[str, CollectorStats] = {}
+        self.up = False
+        self.scrape_count = 0
+        self.error_count = 0
+        self.total_seconds = 0.0
+        self.last_duration = 0.0
+
+    @property
+    def label(self) -> str:
+        """The database name for labels and logs."""
+        if self.facts is not None:
+            return self.facts.datname
+        return self.datname or ""
+
+    async def prepare(self) -> None:
+        """Connect if needed, read the server's facts, and plan when they changed."""
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            await postgres.close_quietly(self.conn)
+            self.conn = None
+            conninfo = postgres.conninfo_for(
+                self.options.url, self.datname, self.options.connect_timeout
+            )
+            self.conn = await postgres.connect(conninfo, self.options.connect_timeout)
+        try:
+            pre = await postgres.preflight(self.conn, is_main=self.is_main)
+        except psycopg.Error:
+            await self.disconnect()
+            raise
+        self.databases = pre.databases
+        if self.plan is None or self.facts is None or needs_replan(self.facts, pre.facts):
+            self.plan = make_plan(self.definitions, pre.facts, self.options.tags)
+            log.info(
+                "planned %d collectors, skipped %d",
+                len(self.plan.planned),
+                len(self.plan.skipped),
+                extra={"datname": pre.facts.datname, "version": pre.facts.version},
+            )
+        self.facts = pre.facts
+
+    async def disconnect(self) -> None:
+        """Close the connection; the next pass opens a new one."""
+        conn, self.conn = self.conn, None
+        await postgres.close_quietly(conn)
+
+    async def scrape(self, budget: Budget) -> ServerResult:
+        """Walk this database's planned collectors, serving fresh caches (B6, B10)."""
+        start = self.clock()
+        result = ServerResult()
+        try:
+            result.interrupted = budget.interruption()
+            if result.interrupted is None:
+                await self._scrape_prepared(budget, result)
+        except (psycopg.Error, OSError) as exc:
+            result.error = f"database {self.label or '?'}: {exc}"
+            self.up = False
+        except FatalCollectorFailed as exc:
+            result.error = str(exc)
+            result.families.clear()
+            self.up = False
+        self.last_duration = self.clock() - start
+        self.total_seconds += self.last_duration
+        self.scrape_count += 1
+        result.up = self.up
+        if result.error and result.interrupted is None:
+            self.error_count += 1
+        return result
+
+    async def _scrape_prepared(self, budget: Budget, result: ServerResult) -> None:
+        await self.prepare()
+        self.up = True
+        assert self.plan is not None
+        for collector in self.plan.planned:
+            result.interrupted = budget.interruption()
+            if result.interrupted is not None:
+                return
+            entry = await self.collect(collector)
+            result.families.extend(entry.families)
+
+    async def collect(self, collector: Collector) -> Entry:
+        """The collector's fresh cached result, or a new one (raises FatalCollectorFailed)."""
+        stats = self.stats.setdefault(collector.key, CollectorStats())
+        entry = self.entries.get(collector.key)
+        now = self.clock()
+        if is_fresh(entry, collector.ttl, now, disable_cache=self.options.disable_cache):
+            assert entry is not None
+            stats.record(Outcome.CACHED)
+            return entry
+        entry = await self.refresh(collector)
+        self.entries[collector.key] = entry
+        stats.record(entry.outcome, duration=entry.duration, series=entry.series)
+        if entry.outcome.failed and collector.fatal:
+            log.error(
+                "fatal collector failed: %s",
+                entry.error,
+                extra={"collector": collector.key, "datname": self.label},
+            )
+            raise FatalCollectorFailed(
+                f"fatal collector {collector.key} failed on {self.label}: {entry.error}"
+            )
+        return entry
+
+    async def refresh(self, collector: Collector) -> Entry:
+        """Run one collector and build its families; never raises for collector failures."""
+        start = self.clock()
+        try:
+            families, series, outcome = await self._execute(collector)
+            error = ""
+        except (TimeoutError, pgerrors.QueryCanceled) as exc:
+            families, series = (), 0
+            outcome, error = Outcome.TIMEOUT, _timeout_message(collector, exc)
+        except TooManySeriesError as exc:
+            families, series, outcome, error = (), 0, Outcome.TOO_MANY_SERIES, str(exc)
+        except (psycopg.Error, CollectorError, postgres.PredicateError) as exc:
+            families, series, outcome = (), 0, Outcome.ERROR
+            error = f"collector {collector.key} on {self.label}: {exc}"
+        duration = self.clock() - start
+        if outcome.failed:
+            log.warning(
+                "collector failed: %s",
+                error,
+                extra={"collector": collector.key, "datname": self.label, "outcome": outcome.value},
+            )
+        return Entry(families, outcome, self.clock(), duration, series, error)
+
+    async def _execute(self, collector: Collector) -> tuple[tuple[Family, ...], int, Outcome]:
+        conn = self.conn
+        if conn is None:
+            raise psycopg.OperationalError(f"no connection to {self.label}")
+        deadline = asyncio.timeout(collector.timeout) if collector.bounded else nullcontext()
+        try:
+            async with deadline:
+                names, batches = await self._query(conn, collector)
+        finally:
+            if not await postgres.settle(conn):
+                await self.disconnect()
+        if names is None:
+            return (), 0, Outcome.SKIPPED
+        builder = SampleBuilder(collector, names, self.options.const_labels, self._cap(collector))
+        for batch in batches:
+            builder.add_rows(batch)
+        for warning in builder.warnings:
+            log.warning(warning, extra={"collector": collector.key, "datname": self.label})
+        return builder.finish(), builder.series, Outcome.OK
+
+    async def _query(
+        self, conn: Conn, collector: Collector
+    ) -> tuple[Sequence[str] | None, list[list[tuple[object, ...]]]]:
+        """Predicates then the main query in one read-only transaction (B13, D1)."""
+        assert self.facts is not None
+        async with conn.cursor() as cur:
+            await postgres.begin(cur, collector, self.facts.version)
+            for predicate in collector.predicates:
+                if not await self._predicate(cur, collector, predicate):
+                    return None, []
+            return await postgres.fetch_batches(cur, collector.query)
+
+    async def _predicate(
+        self, cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector, p: Predicate
+    ) -> bool:
+        key = (collector.key, p.name)
+        cached = self.predicates.get(key)
+        now = self.clock()
+        if cached is not None and not self.options.disable_cache and now - cached[1] < p.ttl:
+            return cached[0]
+        value = await postgres.run_predicate(cur, p)
+        self.predicates[key] = (value, self.clock())
+        return value
+
+    def _cap(self, collector: Collector) -> int:
+        return collector.max_series or self.options.max_series
+
+    def reset_statistics(self) -> None:
+        """Forget per-collector statistics (after a reload)."""
+        self.stats.clear()
+
+
+def _timeout_message(collector: Collector, exc: BaseException) -> str:
+    limit = f"{collector.timeout:g}s" if collector.timeout is not None else "its server limit"
+    where = "server-side limit" if isinstance(exc, pgerrors.QueryCanceled) else "deadline"
+    return f"collector {collector.key} exceeded its timeout of {limit} ({where}); " + (
+        "raise its timeout or make the query cheaper"
+    )

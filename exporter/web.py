@@ -1,0 +1,224 @@
+"""The HTTP side: the application factory, its handlers, and ``run`` for the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import html
+import logging
+import platform
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.admission import Admission
+from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, budget_seconds
+from exporter.collection import Exporter
+from exporter.definitions import Definitions
+from exporter.errors import UsageError
+from exporter.exposition import Family, content_type, encode, negotiate, runtime_families
+from exporter.selfmetrics import SelfMetrics
+from exporter.settings import Settings
+from exporter.stat import stat_text
+
+log = logging.getLogger(__name__)
+
+FIXED_ROUTES = ("/", "/version", "/explain", "/stat", "/reload")
+GZIP_LEVEL = 1  # metric text compresses well even at the cheapest level; CPU matters more
+
+
+@dataclass(slots=True)
+class State:
+    """Everything the handlers share, held on the application (no globals)."""
+
+    settings: Settings
+    definitions: Definitions
+    exporter: Exporter
+    admission: Admission
+    selfmetrics: SelfMetrics
+
+
+STATE = web.AppKey("state", State)
+
+
+def create_app(settings: Settings, definitions: Definitions) -> web.Application:
+    """The exporter's aiohttp application; connections close on cleanup."""
+    # Handlers are not cancelled when a client hangs up (aiohttp's default since 3.9):
+    # the pass notices the departure itself between collectors (B10), so a bounded
+    # collector in flight always finishes and caches its result (B11).
+    app = web.Application(handler_args={"max_field_size": 8190})
+    exporter = Exporter(settings, definitions)
+    app[STATE] = State(
+        settings=settings,
+        definitions=definitions,
+        exporter=exporter,
+        admission=Admission(),
+        selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
+    )
+    app.cleanup_ctx.append(_close_exporter)
+    app.router.add_get(settings.telemetry_path, metrics_handler)
+    app.router.add_get("/version", version_handler)
+    app.router.add_get("/explain", explain_handler)
+    app.router.add_get("/stat", stat_handler)
+    app.router.add_route("*", "/{tail:.*}", landing_handler)
+    return app
+
+
+async def _close_exporter(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[STATE].exporter.close()
+
+
+async def metrics_handler(request: web.Request) -> web.StreamResponse:
+    """The exposition, under admission and the request budget (B1, B7)."""
+    state = request.app[STATE]
+    with state.admission.slot() as admitted:
+        if not admitted:
+            return web.Response(status=503, text="too many concurrent scrapes; try again later\n")
+        budget = Budget.starting_now(
+            budget_seconds(request.headers.get(SCRAPE_TIMEOUT_HEADER)),
+            client_gone=lambda: _client_gone(request),
+        )
+        snapshot = await state.exporter.collect(budget)
+        if snapshot.interrupted == "budget":
+            return web.Response(status=503, text="scrape budget ran out before the pass ended\n")
+        fmt = negotiate(request.headers.get("Accept"))
+        body = encode(_all_families(state, snapshot.families), fmt)
+        return await _write(request, body, content_type(fmt))
+
+
+def _all_families(state: State, collected: list[Family]) -> list[Family]:
+    families = list(collected)
+    if not state.settings.disable_intro:
+        families.extend(state.selfmetrics.families(state.exporter))
+    families.extend(runtime_families(state.settings.const_labels))
+    return families
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _write(request: web.Request, body: bytes, ctype: str) -> web.StreamResponse:
+    """Write the whole body inside the handler, so the admission slot covers it (B2)."""
+    response = web.StreamResponse(headers={"Content-Type": ctype})
+    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+        body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+        response.headers["Content-Encoding"] = "gzip"
+    response.content_length = len(body)
+    await response.prepare(request)
+    await response.write(body)
+    await response.write_eof()
+    return response
+
+
+async def version_handler(request: web.Request) -> web.Response:
+    """Build and runtime version text."""
+    return web.Response(
+        text=f"pg_exporter {__version__} (python {platform.python_version()}, "
+        f"{platform.system().lower()}/{platform.machine()})\n"
+    )
+
+
+async def explain_handler(request: web.Request) -> web.Response:
+    """Planned collectors with their SQL, and why the others were not planned."""
+    state = request.app[STATE]
+    text = await state.exporter.explain(Budget.starting_now(budget_seconds(None)))
+    return web.Response(text=text or "nothing planned yet\n")
+
+
+async def stat_handler(request: web.Request) -> web.Response:
+    """Per-collector statistics as a text table."""
+    state = request.app[STATE]
+    return web.Response(text=stat_text(state.exporter))
+
+
+async def landing_handler(request: web.Request) -> web.Response:
+    """A small page linking everything the exporter serves."""
+    path = request.app[STATE].settings.telemetry_path
+    links = [path, "/explain", "/stat", "/version"]
+    items = "".join(f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in links)
+    page = (
+        "<!doctype html><html><head><title>pg_exporter</title></head><body>"
+        f"<h1>pg_exporter {html.escape(__version__)}</h1><ul>{items}</ul></body></html>"
+    )
+    return web.Response(text=page, content_type="text/html")
+
+
+def validate_telemetry_path(path: str) -> None:
+    """Reject telemetry paths that cannot be routed unambiguously."""
+    problems = []
+    if not path.startswith("/") or path == "/":
+        problems.append("must be an absolute path other than /")
+    if any(ch in path for ch in "?#{}") or any(ch.isspace() for ch in path):
+        problems.append("must not contain '?', '#', braces or spaces")
+    if "//" in path or "/./" in path or "/../" in path or path.endswith(("/.", "/..")):
+        problems.append("must be canonical (no //, /./ or /../)")
+    if path in FIXED_ROUTES:
+        problems.append(f"clashes with the fixed route {path}")
+    if problems:
+        raise UsageError(f"--web.telemetry-path {path!r}: " + "; ".join(problems))
+
+
+def parse_listen_address(address: str) -> tuple[str | None, int]:
+    """``:9630`` → (None, 9630); ``127.0.0.1:9630``; ``[::1]:9630``."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(f"--web.listen-address {address!r}: expected [host]:port")
+    host = host.strip("[]")
+    return (host or None), int(port_text)
+
+
+def run(settings: Settings, definitions: Definitions) -> int:
+    """Serve until SIGINT or SIGTERM; the exit code for the CLI."""
+    try:
+        validate_telemetry_path(settings.telemetry_path)
+        addresses = [parse_listen_address(a) for a in settings.listen_addresses]
+    except UsageError as exc:
+        log.error(str(exc))
+        return 1
+    return asyncio.run(_serve(settings, definitions, addresses))
+
+
+async def _serve(
+    settings: Settings, definitions: Definitions, addresses: list[tuple[str | None, int]]
+) -> int:
+    app = create_app(settings, definitions)
+    if not await _first_contact(app[STATE].exporter, settings):
+        return 2
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        for host, port in addresses:
+            await web.TCPSite(runner, host, port).start()
+            log.info("listening", extra={"address": f"{host or ''}:{port}"})
+    except OSError as exc:
+        log.error("cannot listen: %s", exc)
+        await runner.cleanup()
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()
+    return 0
+
+
+async def _first_contact(exporter: Exporter, settings: Settings) -> bool:
+    """Try the target once at start; False only when --fail-fast forbids going on."""
+    try:
+        await exporter.main.prepare()
+    except Exception as exc:
+        if settings.fail_fast:
+            log.error("target unreachable and --fail-fast is set: %s", exc)
+            return False
+        log.warning("target unreachable at start, will retry on each scrape: %s", exc)
+        return True
+    log.info("connected", extra={"url": settings.masked_url})
+    return True

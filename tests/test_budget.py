@@ -1,0 +1,59 @@
+"""Budget arithmetic and the scrape-timeout header (B7, B10)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.budget import DEFAULT_BUDGET, Budget, budget_seconds
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("0.3", 0.3),
+        (" 12.5 ", 12.5),
+        ("29.999", 29.999),
+        ("1e-3", 0.001),
+    ],
+)
+def test_valid_header_shortens_budget(header: str, expected: float) -> None:
+    """A finite positive header value below the write limit becomes the budget (B7)."""
+    assert budget_seconds(header) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [None, "", "  ", "abc", "0", "-1", "nan", "NaN", "inf", "-inf", "1e400", "0x10", "1,5"],
+)
+def test_invalid_header_is_ignored(header: str | None) -> None:
+    """Empty, text, zero, negative, NaN, infinite and overflowing values are ignored (B7)."""
+    assert budget_seconds(header) == DEFAULT_BUDGET
+
+
+def test_header_never_lengthens_budget() -> None:
+    """A header above the write limit cannot extend the budget (B7)."""
+    assert budget_seconds("120") == DEFAULT_BUDGET
+
+
+def test_interruption_reports_budget_then_client() -> None:
+    """The request stops when its budget is spent or its client has gone (B10)."""
+    clock = FakeClock()
+    gone = False
+    budget = Budget.starting_now(5.0, client_gone=lambda: gone, clock=clock)
+    assert budget.interruption() is None
+    assert budget.remaining() == pytest.approx(5.0)
+    clock.now += 5.0
+    assert budget.interruption() == "budget"
+    assert budget.remaining() == 0.0
+    gone = True
+    assert budget.interruption() == "client"
