@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 DEFAULT_URL = "postgresql:///?sslmode=disable"
 DEFAULT_LISTEN = ":9630"
@@ -66,30 +66,23 @@ def with_sslmode(url: str) -> str:
     """Add ``sslmode=disable`` when the URL does not choose an sslmode."""
     if _is_keyword_dsn(url):
         return url if re.search(r"(^|\s)sslmode\s*=", url) else f"{url} sslmode=disable".strip()
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if any(k == "sslmode" for k, _ in query):
+    query = urlsplit(url).query
+    if any(k == "sslmode" for k, _ in parse_qsl(query, keep_blank_values=True)):
         return url
-    query.append(("sslmode", "disable"))
-    return urlunsplit(parts._replace(query=urlencode(query, safe="/:")))
+    # Append rather than re-serialise, which would drop the '//' of postgresql:///db.
+    base, _, fragment = url.partition("#")
+    joiner = "&" if query else ("" if base.endswith("?") else "?")
+    return f"{base}{joiner}sslmode=disable" + (f"#{fragment}" if fragment else "")
 
 
 def mask_url(url: str) -> str:
     """Replace every password in a URL or keyword DSN by ``xxxxx``."""
     if _is_keyword_dsn(url):
         return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", rf"\g<1>{MASK}", url)
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return MASK  # unparseable: show nothing rather than a secret
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":" + MASK
-        netloc = f"{userinfo}@{hostport}"
-    query = re.sub(r"(^|&)(password=)[^&]*", rf"\g<1>\g<2>{MASK}", parts.query)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    # Substitute in place rather than re-serialising: urlunsplit would drop the '//'
+    # of a hostless URL such as postgresql:///db.
+    url = re.sub(r"^(postgres(?:ql)?://[^/?#@:]*:)[^/?#]*@", rf"\g<1>{MASK}@", url)
+    return re.sub(r"([?&]password=)[^&#]*", rf"\g<1>{MASK}", url)
 
 
 def database_of(url: str) -> str:

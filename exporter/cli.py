@@ -1,0 +1,262 @@
+"""Command line and environment → :class:`Settings`, and the ``pg_exporter`` entry point.
+
+A small table-driven parser rather than argparse: we need exit code 1 with a
+one-line reason, ``--no-X`` and ``--X=true|false`` for every switch, short
+flag clusters like ``-Cm``, and the environment variable of each flag, all
+described by one table that also renders ``--help``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+
+import exporter
+from exporter import settings as defaults
+from exporter.dryrun import render_definitions
+from exporter.errors import ConfigError, UsageError
+from exporter.flags import BY_LONG, InfoRequested, bool_text, scan
+from exporter.logs import FORMATS, LEVELS, configure_logging
+from exporter.settings import Settings, with_sslmode
+
+log = logging.getLogger(__name__)
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_PORT_MAX = 65535
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Settings from flags, then environment, then defaults; UsageError on anything wrong."""
+    src = _Source(scan(argv), environ)
+    return Settings(
+        url=with_sslmode(_url(src)),
+        config=_config(src),
+        listen_addresses=tuple(_listen(a) for a in src.given.get("web.listen-address", []))
+        or (defaults.DEFAULT_LISTEN,),
+        web_config_file=_existing_file(src, "web.config.file"),
+        telemetry_path=src.text("web.telemetry-path") or defaults.DEFAULT_TELEMETRY_PATH,
+        const_labels=_labels(src),
+        tags=tuple(dict.fromkeys(_words(src.text("tag") or ""))),
+        disable_cache=src.switch("disable-cache", default=False),
+        disable_intro=src.switch("disable-intro", default=False),
+        auto_discovery=src.switch("auto-discovery", default=True),
+        exclude_databases=_database_list(src, "exclude-database", defaults.DEFAULT_EXCLUDE),
+        include_databases=_database_list(src, "include-database", ()),
+        namespace=_namespace(src),
+        fail_fast=src.switch("fail-fast", default=False),
+        connect_timeout=_connect_timeout(src),
+        max_series=_max_series(src),
+        dry_run=src.switch("dry-run", default=False),
+        explain=src.switch("explain", default=False),
+        log_level=_choice(src, "log.level", tuple(LEVELS), "info"),
+        log_format=_choice(src, "log.format", FORMATS, "logfmt"),
+    )
+
+
+# --- flags, then environment ------------------------------------------------------------
+
+
+class _Source:
+    """Looks a setting up on the command line first, then in the environment."""
+
+    def __init__(self, given: dict[str, list[str]], environ: Mapping[str, str]) -> None:
+        self.given = given
+        self.environ = environ
+
+    def lookup(self, name: str) -> tuple[str, str] | None:
+        """(value, where it came from) or None; an empty variable counts as unset."""
+        if name in self.given:
+            return self.given[name][-1], f"--{name}"
+        env = BY_LONG[name].env
+        if env and self.environ.get(env):
+            return self.environ[env], f"${env}"
+        return None
+
+    def text(self, name: str) -> str | None:
+        """The value, wherever it came from."""
+        found = self.lookup(name)
+        return found[0] if found else None
+
+    def switch(self, name: str, *, default: bool) -> bool:
+        """A boolean setting."""
+        found = self.lookup(name)
+        return default if found is None else bool_text(*found) == "true"
+
+
+def _url(src: _Source) -> str:
+    """--url > $PG_EXPORTER_URL > $PGURL > file named by $PG_EXPORTER_URL_FILE > default."""
+    if "url" in src.given:
+        return src.given["url"][-1]
+    for variable in ("PG_EXPORTER_URL", "PGURL"):
+        if src.environ.get(variable):
+            return src.environ[variable]
+    path = src.environ.get("PG_EXPORTER_URL_FILE")
+    if not path:
+        return defaults.DEFAULT_URL
+    try:
+        with open(path, encoding="utf-8") as file:
+            url = file.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"cannot read $PG_EXPORTER_URL_FILE {path!r}: {reason}") from exc
+    if not url:
+        raise UsageError(f"$PG_EXPORTER_URL_FILE {path!r} is empty; put the target URL in it")
+    return url
+
+
+def _config(src: _Source) -> str:
+    found = src.lookup("config")
+    if found:
+        path, origin = found
+        if not os.path.exists(path):
+            raise UsageError(f"config path {path!r} (from {origin}) does not exist")
+        return path
+    for candidate in defaults.CONFIG_CANDIDATES:
+        if os.path.exists(candidate):
+            return candidate
+    raise UsageError(
+        f"no collector config found (looked for {', '.join(defaults.CONFIG_CANDIDATES)}); "
+        "give one with --config or $PG_EXPORTER_CONFIG"
+    )
+
+
+def _existing_file(src: _Source, name: str) -> str | None:
+    path = src.text(name)
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        raise UsageError(f"--{name} {path!r} is not a readable file")
+    return path
+
+
+def _listen(address: str) -> str:
+    """Check ``[host]:port``; the host may be empty, a name, IPv4 or bracketed IPv6."""
+    host, colon, port = address.rpartition(":")
+    bad_host = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not colon or bad_host or not port.isdigit() or int(port) > _PORT_MAX:
+        raise UsageError(
+            f"--web.listen-address {address!r} is not [host]:port (e.g. :9630, [::1]:9630)"
+        )
+    return address
+
+
+def _words(text: str) -> list[str]:
+    return [word.strip() for word in text.split(",") if word.strip()]
+
+
+def _database_list(src: _Source, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    found = src.lookup(name)
+    return default if found is None else tuple(_words(found[0]))
+
+
+def _labels(src: _Source) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` → pairs, with label names checked the way Prometheus checks them."""
+    found = src.lookup("label")
+    if found is None:
+        return ()
+    text, origin = found
+    pairs: dict[str, str] = {}
+    for item in _words(text):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not equals or not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
+            raise UsageError(
+                f"{origin}: {item!r} is not name=value with a valid label name "
+                "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+            )
+        if key in pairs:
+            raise UsageError(f"{origin}: label {key!r} is given twice")
+        pairs[key] = value
+    return tuple(pairs.items())
+
+
+def _namespace(src: _Source) -> str | None:
+    found = src.lookup("namespace")
+    if found is None or not found[0]:
+        return None
+    if not _LABEL_NAME.fullmatch(found[0]):
+        raise UsageError(f"{found[1]} {found[0]!r} is not a valid metric name prefix")
+    return found[0]
+
+
+def _integer(src: _Source, name: str, default: int) -> int:
+    found = src.lookup(name)
+    if found is None:
+        return default
+    try:
+        return int(found[0].strip())
+    except ValueError:
+        raise UsageError(f"{found[1]} must be a whole number, not {found[0]!r}") from None
+
+
+def _connect_timeout(src: _Source) -> float:
+    """Milliseconds on the command line, seconds in Settings; ≤ 0 falls back to 100 ms."""
+    millis = _integer(src, "connect-timeout", defaults.DEFAULT_CONNECT_TIMEOUT_MS)
+    return (millis if millis > 0 else defaults.DEFAULT_CONNECT_TIMEOUT_MS) / 1000
+
+
+def _max_series(src: _Source) -> int:
+    value = _integer(src, "max-series", defaults.DEFAULT_MAX_SERIES)
+    if value <= 0:
+        raise UsageError(f"--max-series must be greater than 0, not {value}")
+    return value
+
+
+def _choice(src: _Source, name: str, allowed: tuple[str, ...], default: str) -> str:
+    found = src.lookup(name)
+    if found is None:
+        return default
+    if found[0].lower() not in allowed:
+        raise UsageError(f"{found[1]} must be one of {', '.join(allowed)}, not {found[0]!r}")
+    return found[0].lower()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run pg_exporter; returns the process exit code."""
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    except InfoRequested as info:
+        print(info.text)
+        return 0
+    except UsageError as exc:
+        print(f"pg_exporter: {exc}", file=sys.stderr)
+        return 1
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        return _run(settings)
+    except ConfigError as exc:
+        print(f"pg_exporter: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        log.exception("pg_exporter stopped on an unexpected error")
+        return 1
+
+
+def _run(settings: Settings) -> int:
+    from exporter.loading import load_definitions
+
+    log.info(
+        "pg_exporter starting",
+        extra={
+            "version": exporter.__version__,
+            "url": settings.masked_url,
+            "config": settings.config,
+        },
+    )
+    assert settings.config is not None  # parse_settings always resolves it
+    definitions = load_definitions(settings.config)
+    for warning in definitions.warnings:
+        log.warning(warning, extra={"config": settings.config})
+    if settings.dry_run:
+        print(render_definitions(definitions), end="")
+        return 0
+    if settings.explain:
+        from exporter.collection import explain_main
+
+        return asyncio.run(explain_main(settings, definitions))
+    from exporter import web
+
+    return web.run(settings, definitions)

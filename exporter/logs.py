@@ -1,0 +1,160 @@
+"""Logging to stderr as logfmt or JSON lines, with secrets scrubbed from every field.
+
+Structured fields come from ``logger.info(msg, extra={...})``: every attribute
+a record carries beyond the standard ones is rendered after ``msg``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sys
+import traceback
+from datetime import UTC, datetime
+from typing import IO
+
+from exporter.settings import MASK, mask_url
+
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
+FORMATS = ("logfmt", "json")
+
+# Attributes every LogRecord has; anything else on a record came from ``extra``.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+_RESERVED = ("ts", "level", "msg", "exception", "stack")
+
+# A URL (any scheme, so an unusual spelling cannot slip through) or a password
+# keyword with a quoted or bare value. URLs come first in the alternation so a
+# ``password=`` inside a URL's query is masked by the URL rule, which keeps the
+# parameters after it.
+_SECRET = re.compile(
+    r"(?P<url>\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+)"
+    r"|(?P<key>password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)",
+    re.IGNORECASE,
+)
+_USERINFO_PASSWORD = re.compile(r"^([^/@:]*://[^/@:]*):[^/]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_LOGFMT_KEY_JUNK = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def configure_logging(level: str, fmt: str, *, stream: IO[str] | None = None) -> None:
+    """Send the root logger to stderr (or ``stream``) at ``level`` in format ``fmt``."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown log level {level!r}; use one of {', '.join(LEVELS)}")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown log format {fmt!r}; use one of {', '.join(FORMATS)}")
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(LEVELS[level])
+
+
+def scrub(text: str) -> str:
+    """Mask passwords in URLs and ``password=`` keywords found anywhere in ``text``."""
+    return _SECRET.sub(_mask_match, text)
+
+
+def _mask_match(match: re.Match[str]) -> str:
+    url = match.group("url")
+    if url is None:
+        return f"{match.group('key')}{MASK}"
+    if "@" not in url and "password=" not in url.lower():
+        return url  # nothing secret; rebuilding it could only change its spelling
+    if re.match(r"postgres(ql)?://", url):
+        return mask_url(url)
+    url = _USERINFO_PASSWORD.sub(rf"\g<1>:{MASK}@", url)
+    return _QUERY_PASSWORD.sub(rf"\g<1>{MASK}", url)
+
+
+def record_fields(record: logging.LogRecord) -> list[tuple[str, object]]:
+    """The fields of a record in output order, secrets scrubbed from every text."""
+    fields: list[tuple[str, object]] = [
+        ("ts", _timestamp(record.created)),
+        ("level", _level_name(record.levelno)),
+        ("msg", record.getMessage()),
+    ]
+    for key, value in record.__dict__.items():
+        if key not in _STANDARD:
+            fields.append((f"extra_{key}" if key in _RESERVED else key, value))
+    if record.exc_info and record.exc_info[1] is not None:
+        fields.append(("exception", "".join(traceback.format_exception(record.exc_info[1]))))
+    if record.stack_info:
+        fields.append(("stack", record.stack_info))
+    return [(key, _clean(value)) for key, value in fields]
+
+
+def _timestamp(created: float) -> str:
+    moment = datetime.fromtimestamp(created, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _level_name(levelno: int) -> str:
+    if levelno >= logging.ERROR:
+        return "error"
+    if levelno >= logging.WARNING:
+        return "warn"
+    return "info" if levelno >= logging.INFO else "debug"
+
+
+def _clean(value: object) -> object:
+    """Keep plain scalars as they are; anything else becomes scrubbed text."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return scrub(value.rstrip("\n") if isinstance(value, str) else str(value))
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``key=value`` pairs on one line; values quoted when they need it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render one record as a logfmt line."""
+        return " ".join(
+            f"{_logfmt_key(key)}={_logfmt_value(value)}" for key, value in record_fields(record)
+        )
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the same keys as logfmt."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render one record as a JSON object."""
+        return json.dumps(dict(record_fields(record)), ensure_ascii=False)
+
+
+def _logfmt_key(key: str) -> str:
+    return _LOGFMT_KEY_JUNK.sub("_", key) or "_"
+
+
+def _logfmt_value(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if not isinstance(value, str):
+        return repr(value)
+    if value and not any(c in value for c in ' ="\\') and value.isprintable():
+        return value
+    return '"' + "".join(_escape(c) for c in value) + '"'
+
+
+def _escape(char: str) -> str:
+    named = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    if char in named:
+        return named[char]
+    return char if char.isprintable() else f"\\u{ord(char):04x}"
