@@ -23,7 +23,7 @@ from exporter.cache import CollectorStats, Entry, Outcome, is_fresh
 from exporter.definitions import Collector, Definitions, Predicate
 from exporter.errors import CollectorError, TooManySeriesError
 from exporter.exposition import Family
-from exporter.planning import Plan, ServerFacts, make_plan, needs_replan
+from exporter.planning import Plan, ServerFacts, make_plan
 from exporter.samples import SampleBuilder
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,9 @@ class Server:
             await self.disconnect()
             raise
         self.databases = pre.databases
-        if self.plan is None or self.facts is None or needs_replan(self.facts, pre.facts):
+        # Facts are read on every pass and planning is pure and cheap, so any change
+        # (an extension created, a schema dropped) is planned for at once.
+        if self.plan is None or self.facts != pre.facts:
             self.plan = make_plan(self.definitions, pre.facts, self.options.tags)
             log.info(
                 "planned %d collectors, skipped %d",

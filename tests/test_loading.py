@@ -1,0 +1,577 @@
+"""Collector files: YAML reading, validation with located problems, directory merging."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from exporter.definitions import DEFAULT_TIMEOUT, Collector, Column, Predicate, Usage
+from exporter.errors import ConfigError, Problem
+from exporter.loading import load_definitions, parse_document, read_document
+
+GAUGE_ONLY = "metrics: [{v: {usage: GAUGE}}]"
+
+
+def parse(text: str, source: str = "c.yml", index: int = 0) -> list[Collector]:
+    """Branches of a document that must be valid."""
+    collectors, problems = parse_document(textwrap.dedent(text), source, index)
+    assert problems == []
+    return collectors
+
+
+def problems_of(text: str, source: str = "c.yml") -> dict[str, str]:
+    """Problems of a document that must be invalid, by location."""
+    collectors, problems = parse_document(textwrap.dedent(text), source, 0)
+    assert problems, "expected at least one problem"
+    assert collectors == []
+    return {problem.location: problem.message for problem in problems}
+
+
+def branch(fields: str = "", metrics: str = GAUGE_ONLY) -> str:
+    """A branch ``b`` with a query, the given extra fields and metrics."""
+    lines = ["b:", "  query: SELECT 1 AS v", f"  {metrics}"]
+    lines += [f"  {line}" for line in textwrap.dedent(fields).strip().splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def column_problems(*columns: str) -> dict[str, str]:
+    """Problems of branch ``b`` whose metrics list is the given entries."""
+    metrics = "\n".join(f"    - {column}" for column in columns)
+    return problems_of(f"b:\n  query: SELECT 1\n  metrics:\n{metrics}\n")
+
+
+# --- valid documents ---------------------------------------------------------------
+
+
+def test_full_branch_becomes_frozen_collector() -> None:
+    """Every documented field lands in the matching Collector/Column/Predicate field."""
+    (collector,) = parse(
+        """
+        pg_db:
+          name: pg_database
+          desc: per database
+          query: SELECT datname, n, lat FROM x
+          ttl: 10
+          timeout: 2.5
+          priority: 7
+          min_version: 100000
+          max_version: 180000
+          fatal: true
+          skip: false
+          tags: [cluster, primary]
+          max_series: 500
+          predicate_queries:
+            - {name: has_x, predicate_query: SELECT true, ttl: 60}
+          metrics:
+            - datname: {usage: label, rename: db, description: name}
+            - n: {usage: Counter, default: 0, scale: 1e-3}
+            - lat: {usage: HISTOGRAM, bucket: [0.1, 1, 10]}
+        """
+    )
+    assert collector == Collector(
+        key="pg_db",
+        name="pg_database",
+        query="SELECT datname, n, lat FROM x",
+        columns=(
+            Column("datname", Usage.LABEL, rename="db", description="name"),
+            Column("n", Usage.COUNTER, default=0.0, scale=0.001),
+            Column("lat", Usage.HISTOGRAM, buckets=(0.1, 1.0, 10.0)),
+        ),
+        desc="per database",
+        predicates=(Predicate("has_x", "SELECT true", 60.0),),
+        ttl=10.0,
+        timeout=2.5,
+        priority=7,
+        min_version=100000,
+        max_version=180000,
+        fatal=True,
+        tags=("cluster", "primary"),
+        max_series=500,
+        source="c.yml",
+    )
+
+
+def test_name_defaults_to_key_and_priority_to_file_position() -> None:
+    """Without name the key is the prefix; without priority the k-th file gives 100 + k."""
+    (collector,) = parse(branch(), index=3)
+    assert (collector.name, collector.priority) == ("b", 103)
+
+
+def test_priority_zero_counts_as_absent() -> None:
+    """``priority: 0`` gets the file default, as the Go exporter's zero value does."""
+    (collector,) = parse(branch("priority: 0"), index=2)
+    assert collector.priority == 102
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", DEFAULT_TIMEOUT),
+        ("timeout: 0", DEFAULT_TIMEOUT),
+        ("timeout: -1", None),
+        ("timeout: 2.5", 2.5),
+        ("timeout: 3", 3.0),
+    ],
+)
+def test_timeout_defaults(text: str, expected: float | None) -> None:
+    """Absent or 0 → 0.1 s, negative → unbounded (None), positive → itself."""
+    (collector,) = parse(branch(text))
+    assert collector.timeout == expected
+
+
+def test_leading_zero_versions_read_as_decimal() -> None:
+    """``090600`` (not octal, not a string) and ``070000`` (not octal) read as decimal."""
+    (collector,) = parse(branch("min_version: 090600\nmax_version: 070000"))
+    assert (collector.min_version, collector.max_version) == (90600, 70000)
+
+
+def test_other_scalars_keep_their_yaml_meaning() -> None:
+    """The version fix leaves booleans, hex and quoted text alone; ``1e-3`` is a number."""
+    (collector,) = parse(
+        branch(
+            "fatal: yes\npriority: 0x10\ndesc: '090600'",
+            "metrics: [{v: {usage: GAUGE, scale: 1e-3}}]",
+        )
+    )
+    assert (collector.fatal, collector.priority, collector.desc) == (True, 16, "090600")
+    assert collector.columns[0].scale == 0.001
+
+
+def test_numeric_text_scale_and_default_are_accepted() -> None:
+    """Quoted numbers in scale/default parse, as the Go exporter reads them as text."""
+    (collector,) = parse(
+        branch(metrics="metrics: [{v: {usage: GAUGE, scale: '0.5', default: '-1'}}]")
+    )
+    assert (collector.columns[0].scale, collector.columns[0].default) == (0.5, -1.0)
+
+
+def test_unknown_fields_are_warnings_not_problems() -> None:
+    """Unknown branch, column and predicate fields are reported as warnings only."""
+    text = branch(
+        "colour: blue\npredicate_queries: [{predicate_query: SELECT true, when: now}]",
+        "metrics: [{v: {usage: GAUGE, unit: s}}]",
+    )
+    parsed = read_document(text, "c.yml", 0)
+    assert parsed.problems == ()
+    assert len(parsed.collectors) == 1
+    joined = "\n".join(parsed.warnings)
+    for location in (
+        "c.yml:b.colour",
+        "c.yml:b.metrics[0].unit",
+        "c.yml:b.predicate_queries[0].when",
+    ):
+        assert location in joined
+    assert "unknown field" in joined
+
+
+def test_duplicate_keys_are_warned_with_line() -> None:
+    """A key repeated in one mapping is a warning naming its line; the last one wins."""
+    text = branch() + "b:\n  query: SELECT 2\n  " + GAUGE_ONLY + "\n"
+    parsed = read_document(text, "c.yml", 0)
+    assert [c.query for c in parsed.collectors] == ["SELECT 2"]
+    assert any("c.yml:line 4" in w and "'b'" in w for w in parsed.warnings)
+
+
+def test_empty_document_has_no_branches_and_no_problems() -> None:
+    """An empty (or comment-only) file gives nothing, which is not itself a problem."""
+    assert parse_document("# nothing yet\n", "c.yml", 0) == ([], [])
+
+
+def test_le_label_allowed_without_histogram() -> None:
+    """``le`` is only reserved in branches that have a HISTOGRAM column."""
+    (collector,) = parse(branch(metrics="metrics: [{le: {usage: LABEL}}, {v: {usage: GAUGE}}]"))
+    assert collector.label_columns[0].name == "le"
+
+
+# --- rejections, each with its location ----------------------------------------------
+
+
+def test_malformed_yaml_names_the_line() -> None:
+    """A syntax error is one problem located at its line."""
+    found = problems_of("b:\n  query: SELECT 1\n  metrics: [\n")
+    (location,) = found
+    assert location.startswith("c.yml:line ")
+    assert "malformed YAML" in found[location]
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    """A list at the top level is rejected at the file."""
+    assert "top level must be a mapping" in problems_of("- a\n- b\n")["c.yml"]
+
+
+def test_branch_must_be_a_mapping() -> None:
+    """A branch whose value is not a mapping is rejected at the branch key."""
+    assert "must be a mapping" in problems_of("b: [1, 2]\n")["c.yml:b"]
+
+
+@pytest.mark.parametrize("query", ["", "query: '   '", "query: 42"])
+def test_query_is_required_and_not_blank(query: str) -> None:
+    """Missing, blank or non-text query is rejected at ``b.query``."""
+    text = f"b:\n  {GAUGE_ONLY}\n" + (f"  {query}\n" if query else "")
+    assert "query is required" in problems_of(text)["c.yml:b.query"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("ttl", "-1", "seconds >= 0"),
+        ("ttl", "soon", "seconds >= 0"),
+        ("timeout", "fast", "expected seconds"),
+        ("priority", "high", "expected an integer"),
+        ("priority", "1.5", "expected an integer"),
+        ("min_version", "'9.6'", "version number"),
+        ("max_version", "9.6", "version number"),
+        ("min_version", "-1", "at least 0"),
+        ("fatal", "'yes'", "true or false"),
+        ("skip", "1", "true or false"),
+        ("max_series", "0", "at least 1"),
+        ("max_series", "many", "expected an integer"),
+    ],
+)
+def test_bad_scalar_fields(field: str, value: str, expected: str) -> None:
+    """Wrongly typed or out-of-range branch fields are rejected at ``b.<field>``."""
+    assert expected in problems_of(branch(f"{field}: {value}"))[f"c.yml:b.{field}"]
+
+
+def test_blank_predicate_is_rejected() -> None:
+    """A predicate without SQL is rejected at its ``predicate_query``."""
+    text = branch("predicate_queries:\n  - {name: ok, predicate_query: SELECT true}\n  - {name: p}")
+    assert "blank predicate" in problems_of(text)["c.yml:b.predicate_queries[1].predicate_query"]
+
+
+def test_predicate_ttl_and_shape_are_checked() -> None:
+    """Predicate entries must be mappings with a ttl >= 0."""
+    text = branch("predicate_queries:\n  - SELECT true\n  - {predicate_query: SELECT 1, ttl: -5}")
+    found = problems_of(text)
+    assert "expected a mapping" in found["c.yml:b.predicate_queries[0]"]
+    assert "seconds >= 0" in found["c.yml:b.predicate_queries[1].ttl"]
+
+
+@pytest.mark.parametrize("metrics", ["", "metrics: []", "metrics: {v: {usage: GAUGE}}"])
+def test_metrics_must_be_a_non_empty_list(metrics: str) -> None:
+    """Missing, empty or non-list metrics are rejected at ``b.metrics``."""
+    text = "b:\n  query: SELECT 1\n" + (f"  {metrics}\n" if metrics else "")
+    assert "non-empty list" in problems_of(text)["c.yml:b.metrics"]
+
+
+def test_metrics_entry_needs_exactly_one_key() -> None:
+    """Entries with two keys or that are not maps are rejected at their index."""
+    found = column_problems("v: {usage: GAUGE}", "{a: {usage: GAUGE}, b: {usage: GAUGE}}", "plain")
+    assert "exactly one key" in found["c.yml:b.metrics[1]"]
+    assert "2 keys" in found["c.yml:b.metrics[1]"]
+    assert "exactly one key" in found["c.yml:b.metrics[2]"]
+
+
+def test_column_needs_field_mapping() -> None:
+    """``- v:`` with no fields is rejected: usage is needed."""
+    assert "needs a map" in column_problems("w: {usage: GAUGE}", "v:")["c.yml:b.metrics[1]"]
+
+
+@pytest.mark.parametrize("usage", ["{usage: GAUGES}", "{usage: 3}", "{rename: x}"])
+def test_unknown_or_missing_usage(usage: str) -> None:
+    """Usage must be one of the five words; the message lists them."""
+    message = column_problems("w: {usage: GAUGE}", f"v: {usage}")["c.yml:b.metrics[1].usage"]
+    assert "DISCARD, LABEL, GAUGE, COUNTER, HISTOGRAM" in message
+
+
+@pytest.mark.parametrize("field", ["scale", "default"])
+def test_non_numeric_scale_or_default(field: str) -> None:
+    """scale and default must be numbers (or numeric text)."""
+    found = column_problems(f"v: {{usage: GAUGE, {field}: lots}}")
+    assert "number" in found[f"c.yml:b.metrics[0].{field}"]
+
+
+def test_scale_must_be_finite() -> None:
+    """An infinite scale would turn every sample into ±Inf or NaN."""
+    assert "finite" in column_problems("v: {usage: GAUGE, scale: .inf}")["c.yml:b.metrics[0].scale"]
+
+
+@pytest.mark.parametrize(
+    ("bucket", "expected"),
+    [
+        ("", "needs bucket"),
+        (", bucket: []", "needs bucket"),
+        (", bucket: [1, 1]", "strictly increasing"),
+        (", bucket: [5, 1]", "strictly increasing"),
+        (", bucket: [1, .inf]", "finite"),
+        (", bucket: [1, .nan]", "finite"),
+        (", bucket: [a, b]", "must be numbers"),
+    ],
+)
+def test_histogram_buckets(bucket: str, expected: str) -> None:
+    """HISTOGRAM needs a non-empty, finite, strictly increasing numeric bucket list."""
+    found = column_problems(f"h: {{usage: HISTOGRAM{bucket}}}")
+    assert expected in found["c.yml:b.metrics[0].bucket"]
+
+
+def test_bucket_on_non_histogram_column() -> None:
+    """bucket on a GAUGE is rejected rather than silently ignored."""
+    found = column_problems("v: {usage: GAUGE, bucket: [1, 2]}")
+    assert "only for HISTOGRAM" in found["c.yml:b.metrics[0].bucket"]
+
+
+def test_duplicate_column() -> None:
+    """The second listing of a column is rejected, naming the first."""
+    found = column_problems("v: {usage: GAUGE}", "v: {usage: COUNTER, rename: w}")
+    assert "already at b.metrics[0]" in found["c.yml:b.metrics[1]"]
+
+
+def test_branch_without_value_column() -> None:
+    """A branch with only LABEL/DISCARD columns yields nothing and is rejected."""
+    found = column_problems("a: {usage: LABEL}", "b: {usage: DISCARD}")
+    assert "no GAUGE, COUNTER or HISTOGRAM" in found["c.yml:b.metrics"]
+
+
+def test_misspelt_value_column_is_not_reported_as_missing() -> None:
+    """A misspelt usage is the one problem; no misleading 'no GAUGE column' on top."""
+    found = column_problems("a: {usage: LABEL}", "v: {usage: GAGUE}")
+    assert found.keys() == {"c.yml:b.metrics[1].usage"}
+
+
+@pytest.mark.parametrize("label", ["9lives", "has-dash", "__reserved"])
+def test_invalid_label_name_after_rename(label: str) -> None:
+    """Label names (after rename) must be valid Prometheus names, not ``__``-prefixed."""
+    found = column_problems(f"a: {{usage: LABEL, rename: '{label}'}}", "v: {usage: GAUGE}")
+    assert "invalid label name" in found["c.yml:b.metrics[0].rename"]
+
+
+def test_invalid_label_name_without_rename() -> None:
+    """An unrenamed invalid column name is reported at the entry itself."""
+    found = column_problems("'my col': {usage: LABEL}", "v: {usage: GAUGE}")
+    assert "invalid label name 'my col'" in found["c.yml:b.metrics[0]"]
+
+
+def test_duplicate_label_after_rename() -> None:
+    """Two columns renamed to one label name are rejected at the second."""
+    found = column_problems(
+        "a: {usage: LABEL}", "b: {usage: LABEL, rename: a}", "v: {usage: GAUGE}"
+    )
+    assert "also produced by b.metrics[0]" in found["c.yml:b.metrics[1].rename"]
+
+
+def test_le_label_reserved_with_histogram() -> None:
+    """``le`` as a label clashes with bucket bounds in a branch with a HISTOGRAM."""
+    found = column_problems("le: {usage: LABEL}", "h: {usage: HISTOGRAM, bucket: [1]}")
+    assert "reserved" in found["c.yml:b.metrics[0]"]
+
+
+def test_invalid_metric_name() -> None:
+    """``<name>_<rename>`` must be a valid metric name."""
+    found = column_problems("v: {usage: GAUGE, rename: 'per-sec'}")
+    assert "invalid metric name 'b_per-sec'" in found["c.yml:b.metrics[0].rename"]
+
+
+def test_invalid_prefix_from_name_or_key() -> None:
+    """A bad ``name``, or a key used as prefix that is no metric name, is rejected once."""
+    assert "name must match" in problems_of(branch("name: 'my-prefix'"))["c.yml:b.name"]
+    text = "'my-key':\n  query: SELECT 1\n  metrics: [{v: {usage: GAUGE}}, {w: {usage: GAUGE}}]\n"
+    assert problems_of(text).keys() == {"c.yml:my-key"}
+
+
+def test_two_columns_same_family() -> None:
+    """Two value columns renamed to one metric are rejected at the second."""
+    found = column_problems("a: {usage: GAUGE}", "c: {usage: COUNTER, rename: a}")
+    assert "'b_a' is also produced by b.metrics[0]" in found["c.yml:b.metrics[1].rename"]
+
+
+def test_histogram_families_clash_with_gauge() -> None:
+    """A histogram's ``_count`` family collides with a gauge of that name."""
+    found = column_problems("x_count: {usage: GAUGE}", "x: {usage: HISTOGRAM, bucket: [1]}")
+    assert "'b_x_count'" in found["c.yml:b.metrics[1]"]
+
+
+def test_tags_must_be_list_of_strings() -> None:
+    """tags must be a list of non-blank strings; ``kind:`` tags need a name."""
+    assert "list of strings" in problems_of(branch("tags: primary"))["c.yml:b.tags"]
+    found = problems_of(branch("tags: [cluster, 7, '', 'extension:']"))
+    assert "non-blank string" in found["c.yml:b.tags[1]"]
+    assert "non-blank string" in found["c.yml:b.tags[2]"]
+    assert "needs a name after the colon" in found["c.yml:b.tags[3]"]
+
+
+def test_every_problem_is_reported_together() -> None:
+    """Problems in several fields and branches come back in one list, none dropped."""
+    text = textwrap.dedent(
+        """
+        one:
+          ttl: -1
+          metrics: [{v: {usage: WRONG}}, {v2: {usage: GAUGE, scale: x}}]
+        two:
+          query: SELECT 1
+          metrics: []
+        three: 5
+        good:
+          query: SELECT 1
+          metrics: [{v: {usage: GAUGE}}]
+        """
+    )
+    collectors, problems = parse_document(text, "conf/0110-pg.yml", 0)
+    assert collectors == []
+    assert {p.location for p in problems} == {
+        "conf/0110-pg.yml:one.query",
+        "conf/0110-pg.yml:one.ttl",
+        "conf/0110-pg.yml:one.metrics[0].usage",
+        "conf/0110-pg.yml:one.metrics[1].scale",
+        "conf/0110-pg.yml:two.metrics",
+        "conf/0110-pg.yml:three",
+    }
+
+
+def test_problem_message_says_what_is_expected() -> None:
+    """Messages carry both the wrong value and what is expected."""
+    (problem,) = parse_document(branch("min_version: '9.6'"), "c.yml", 0)[1]
+    assert problem == Problem(
+        "c.yml:b.min_version",
+        "expected a version number such as 90600 or 130000 (0 = open), got a string '9.6'",
+    )
+
+
+# --- files and directories --------------------------------------------------------
+
+
+def write(directory: Path, name: str, text: str) -> str:
+    """Write a collector file and return its path as a string."""
+    path = directory / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def simple(key: str, query: str = "SELECT 1", extra: str = "") -> str:
+    """A minimal valid branch as YAML text."""
+    return f"{key}:\n  query: {query}\n  {GAUGE_ONLY}\n{extra}"
+
+
+def test_single_file_loads(tmp_path: Path) -> None:
+    """A single valid file gives its branches, sorted by (priority, key)."""
+    path = write(
+        tmp_path, "pg.yml", simple("zz") + simple("aa") + simple("mm", extra="  priority: 5\n")
+    )
+    definitions = load_definitions(path)
+    assert [c.key for c in definitions.collectors] == ["mm", "aa", "zz"]
+    assert definitions.sources == (path,)
+    assert all(c.source == path for c in definitions.collectors)
+
+
+def test_single_file_with_problems_raises_all_of_them(tmp_path: Path) -> None:
+    """Any problem in a single file is a ConfigError listing every problem."""
+    path = write(tmp_path, "pg.yml", "a:\n  metrics: []\nb: 3\n")
+    with pytest.raises(ConfigError) as caught:
+        load_definitions(path)
+    locations = {p.location for p in caught.value.problems}
+    assert locations == {f"{path}:a.query", f"{path}:a.metrics", f"{path}:b"}
+
+
+def test_single_file_without_branches_is_an_error(tmp_path: Path) -> None:
+    """An empty collector file gives an exporter with nothing to do: rejected."""
+    path = write(tmp_path, "pg.yml", "# empty\n")
+    with pytest.raises(ConfigError, match="no collector branch"):
+        load_definitions(path)
+
+
+def test_missing_path_names_it(tmp_path: Path) -> None:
+    """A path that does not exist is a ConfigError naming that path."""
+    missing = str(tmp_path / "nope.yml")
+    with pytest.raises(ConfigError) as caught:
+        load_definitions(missing)
+    (problem,) = caught.value.problems
+    assert problem.location == missing
+    assert "no such file" in problem.message
+
+
+def test_unreadable_file_names_it(tmp_path: Path) -> None:
+    """Undecodable bytes are a ConfigError naming the file, not a crash."""
+    path = tmp_path / "pg.yml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ConfigError) as caught:
+        load_definitions(str(path))
+    assert caught.value.problems[0].location == str(path)
+    assert "cannot read" in caught.value.problems[0].message
+
+
+def test_directory_merges_in_name_order(tmp_path: Path) -> None:
+    """Files merge in name order: a later same-key branch replaces the earlier one."""
+    write(tmp_path, "0200-b.yml", simple("shared", "SELECT 'late'") + simple("only_b"))
+    write(tmp_path, "0100-a.yaml", simple("shared", "SELECT 'early'") + simple("only_a"))
+    definitions = load_definitions(str(tmp_path))
+    shared = definitions.by_key("shared")
+    assert shared is not None
+    assert (shared.query, shared.priority) == ("SELECT 'late'", 101)
+    assert shared.source == str(tmp_path / "0200-b.yml")
+    assert [c.key for c in definitions.collectors] == ["only_a", "only_b", "shared"]
+    assert [c.priority for c in definitions.collectors] == [100, 101, 101]
+    assert any("replaces" in w and "shared" in w for w in definitions.warnings)
+
+
+def test_directory_explicit_priority_wins(tmp_path: Path) -> None:
+    """An explicit priority is kept whatever the file position."""
+    write(tmp_path, "a.yml", simple("first"))
+    write(tmp_path, "b.yml", simple("second", extra="  priority: 1\n"))
+    definitions = load_definitions(str(tmp_path))
+    assert [(c.key, c.priority) for c in definitions.collectors] == [("second", 1), ("first", 100)]
+
+
+def test_directory_reads_only_yaml_files(tmp_path: Path) -> None:
+    """Only ``*.yml``/``*.yaml`` regular files are read; others and subdirectories are not."""
+    write(tmp_path, "a.yml", simple("a"))
+    write(tmp_path, "b.yml.bak", "not: [valid")
+    write(tmp_path, "README.md", "# docs")
+    (tmp_path / "sub.yml").mkdir()
+    write(tmp_path / "sub.yml", "c.yml", simple("c"))
+    definitions = load_definitions(str(tmp_path))
+    assert [c.key for c in definitions.collectors] == ["a"]
+    assert definitions.sources == (str(tmp_path / "a.yml"),)
+
+
+def test_directory_skips_and_reports_bad_file(tmp_path: Path) -> None:
+    """A bad file is skipped and reported; file positions (priorities) stay the same."""
+    write(tmp_path, "a.yml", simple("a"))
+    bad = write(tmp_path, "b.yml", "b:\n  query: SELECT 1\n  metrics: [{v: {usage: NOPE}}]\n")
+    write(tmp_path, "c.yml", simple("c"))
+    definitions = load_definitions(str(tmp_path))
+    assert [(c.key, c.priority) for c in definitions.collectors] == [("a", 100), ("c", 102)]
+    assert definitions.skipped_files == (bad,)
+    assert any(f"{bad}:b.metrics[0].usage" in w for w in definitions.warnings)
+
+
+def test_directory_without_valid_collector_lists_every_problem(tmp_path: Path) -> None:
+    """All files bad: a ConfigError with the problems of every file."""
+    first = write(tmp_path, "a.yml", "a: [\n")
+    second = write(tmp_path, "b.yml", "b:\n  query: SELECT 1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_definitions(str(tmp_path))
+    locations = {p.location for p in caught.value.problems}
+    assert f"{second}:b.metrics" in locations
+    assert any(location.startswith(f"{first}:line") for location in locations)
+
+
+def test_directory_without_yaml_files_is_an_error(tmp_path: Path) -> None:
+    """A directory with no collector file is a ConfigError naming the directory."""
+    write(tmp_path, "notes.txt", "x")
+    with pytest.raises(ConfigError) as caught:
+        load_definitions(str(tmp_path))
+    assert caught.value.problems[0].location == str(tmp_path)
+
+
+def test_directory_path_kept_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Locations use the directory path as the user gave it."""
+    (tmp_path / "conf").mkdir()
+    write(
+        tmp_path / "conf",
+        "0110-pg.yml",
+        "pg_primary:\n  query: x\n  metrics: [{v: {usage: GAUGE}}, {w: {usage: X}}]\n",
+    )
+    write(tmp_path / "conf", "0120-ok.yml", simple("ok"))
+    monkeypatch.chdir(tmp_path)
+    definitions = load_definitions("./conf")
+    assert any("./conf/0110-pg.yml:pg_primary.metrics[1].usage" in w for w in definitions.warnings)
+
+
+def test_unquoted_comma_in_flow_mapping_is_explained() -> None:
+    """``{description: a, b c}`` keeps ``a`` and warns that ``b c`` was cut off by the comma."""
+    text = branch(metrics="metrics: [{v: {usage: GAUGE, description: first part, second part}}]")
+    parsed = read_document(text, "c.yml", 0)
+    assert parsed.collectors[0].columns[0].description == "first part"
+    (warning,) = parsed.warnings
+    assert warning.startswith("c.yml:b.metrics[0].second part: text after an unquoted comma")

@@ -1,0 +1,231 @@
+"""Planning: which branches run on a server, in which order, and the reasons for the rest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from exporter.definitions import Collector, Column, Definitions, Usage
+from exporter.planning import Plan, ServerFacts, explain_text, make_plan, needs_replan
+
+PRIMARY = ServerFacts(
+    version=180006,
+    in_recovery=False,
+    datname="app",
+    username="monitor",
+    extensions=frozenset({"pg_stat_statements"}),
+    schemas=frozenset({"public", "monitor"}),
+)
+REPLICA = replace(PRIMARY, in_recovery=True)
+BOUNCER = ServerFacts(
+    version=12201, in_recovery=False, datname="pgbouncer", username="stats", pgbouncer=True
+)
+
+
+def branch(key: str, **fields: Any) -> Collector:
+    """A valid branch with one GAUGE column and the given field overrides."""
+    base = Collector(key=key, name=key, query="SELECT 1 AS v", columns=(Column("v", Usage.GAUGE),))
+    return replace(base, **fields)
+
+
+def plan_one(
+    collector: Collector, facts: ServerFacts = PRIMARY, tags: tuple[str, ...] = ()
+) -> Plan:
+    """The plan of a single branch."""
+    return make_plan(Definitions((collector,)), facts, tags)
+
+
+def reason(
+    collector: Collector, facts: ServerFacts = PRIMARY, tags: tuple[str, ...] = ()
+) -> str | None:
+    """Why the branch is skipped, or None when it is planned."""
+    plan = plan_one(collector, facts, tags)
+    assert len(plan.planned) + len(plan.skipped) == 1
+    return plan.skipped[0].reason if plan.skipped else None
+
+
+def test_untagged_branch_is_planned() -> None:
+    """A branch without conditions runs on PostgreSQL."""
+    collector = branch("b")
+    assert plan_one(collector).planned == (collector,)
+
+
+def test_skip_flag() -> None:
+    """``skip: true`` is never planned, whatever else matches."""
+    assert reason(branch("b", skip=True)) == "skip is set"
+
+
+def test_skip_is_checked_before_version() -> None:
+    """The reason given is the first failing check in the documented order."""
+    assert reason(branch("b", skip=True, min_version=190000)) == "skip is set"
+
+
+@pytest.mark.parametrize(
+    ("tags", "facts", "planned"),
+    [
+        ((), PRIMARY, True),
+        (("pgbouncer",), PRIMARY, False),
+        ((), BOUNCER, False),
+        (("pgbouncer",), BOUNCER, True),
+    ],
+)
+def test_pgbouncer_mode(tags: tuple[str, ...], facts: ServerFacts, planned: bool) -> None:
+    """A branch runs iff it is tagged pgbouncer exactly when the target is pgBouncer."""
+    assert (reason(branch("b", tags=tags), facts) is None) == planned
+
+
+def test_pgbouncer_reasons_say_which_side() -> None:
+    """Both pgBouncer mismatches explain themselves."""
+    assert "target is pgBouncer" in str(reason(branch("b"), BOUNCER))
+    assert "target is PostgreSQL" in str(reason(branch("b", tags=("pgbouncer",))))
+
+
+@pytest.mark.parametrize(
+    ("min_version", "max_version", "planned"),
+    [
+        (0, 0, True),
+        (180006, 0, True),
+        (180007, 0, False),
+        (0, 180007, True),
+        (0, 180006, False),
+        (170000, 190000, True),
+        (100000, 170000, False),
+    ],
+)
+def test_version_range(min_version: int, max_version: int, planned: bool) -> None:
+    """min_version is inclusive, max_version exclusive, 0 is open (server 180006)."""
+    collector = branch("b", min_version=min_version, max_version=max_version)
+    assert (reason(collector) is None) == planned
+
+
+def test_version_reason_names_bound_and_server() -> None:
+    """The version reason says which bound failed and the server's version."""
+    assert reason(branch("b", max_version=140000)) == "needs PostgreSQL < 140000 (server is 180006)"
+    too_old = reason(branch("b", tags=("pgbouncer",), min_version=12400), BOUNCER)
+    assert too_old == "needs pgBouncer >= 12400 (server is 12201)"
+
+
+def test_cluster_tag_only_on_main_database() -> None:
+    """``cluster`` branches run on the URL's database, not on discovered ones."""
+    collector = branch("b", tags=("cluster",))
+    assert reason(collector) is None
+    assert "main database" in str(reason(collector, replace(PRIMARY, is_main=False)))
+
+
+@pytest.mark.parametrize("tag", ["primary", "master", "leader"])
+def test_primary_tags(tag: str) -> None:
+    """Primary synonyms run only when the server is not in recovery."""
+    assert reason(branch("b", tags=(tag,))) is None
+    assert "needs a primary" in str(reason(branch("b", tags=(tag,)), REPLICA))
+
+
+@pytest.mark.parametrize("tag", ["standby", "replica", "slave"])
+def test_replica_tags(tag: str) -> None:
+    """Replica synonyms run only when the server is in recovery."""
+    assert reason(branch("b", tags=(tag,)), REPLICA) is None
+    assert "needs a replica" in str(reason(branch("b", tags=(tag,))))
+
+
+@pytest.mark.parametrize(
+    ("present", "absent", "expected"),
+    [
+        ("extension:pg_stat_statements", "extension:citus", "needs extension citus"),
+        ("schema:monitor", "schema:pgbouncer", "needs schema pgbouncer"),
+        ("dbname:app", "dbname:postgres", "needs database postgres"),
+        ("username:monitor", "username:postgres", "needs user postgres"),
+    ],
+)
+def test_fact_tags(present: str, absent: str, expected: str) -> None:
+    """extension:, schema:, dbname: and username: compare with the server facts."""
+    assert reason(branch("b", tags=(present,))) is None
+    assert expected in str(reason(branch("b", tags=(absent,))))
+
+
+def test_not_tag() -> None:
+    """``not:X`` runs unless the exporter is tagged X."""
+    collector = branch("b", tags=("not:cloud",))
+    assert reason(collector, tags=("onprem",)) is None
+    assert reason(collector, tags=("cloud", "onprem")) == "excluded by exporter tag 'cloud'"
+
+
+def test_plain_word_needs_exporter_tag() -> None:
+    """Any other word must be among the exporter's --tag values."""
+    collector = branch("b", tags=("citus",))
+    assert reason(collector, tags=("citus",)) is None
+    assert "needs exporter tag 'citus'" in str(reason(collector, tags=("other",)))
+
+
+def test_all_tags_must_hold() -> None:
+    """Tags combine with AND: one failing tag skips the branch."""
+    collector = branch("b", tags=("cluster", "primary", "extension:pg_stat_statements"))
+    assert reason(collector) is None
+    assert "needs a primary" in str(reason(collector, REPLICA))
+
+
+def test_planned_in_priority_then_key_order() -> None:
+    """Planned branches run by ascending priority, ties broken by key."""
+    collectors = (branch("c", priority=5), branch("b", priority=100), branch("a", priority=100))
+    plan = make_plan(Definitions(collectors), PRIMARY, ())
+    assert [c.key for c in plan.planned] == ["c", "a", "b"]
+
+
+def test_branches_sharing_a_name_may_all_be_planned() -> None:
+    """Variants with one name are all planned when they all match."""
+    first = branch("pg_x_a", name="pg_x")
+    second = branch("pg_x_b", name="pg_x")
+    plan = make_plan(Definitions((first, second)), PRIMARY, ())
+    assert plan.planned == (first, second)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({}, False),
+        ({"version": 180007}, True),
+        ({"in_recovery": True}, True),
+        ({"datname": "other"}, True),
+        ({"pgbouncer": True}, True),
+        ({"username": "someone"}, False),
+    ],
+)
+def test_needs_replan(change: dict[str, Any], expected: bool) -> None:
+    """Version, recovery state, database or server kind changing calls for a new plan."""
+    assert needs_replan(PRIMARY, replace(PRIMARY, **change)) is expected
+
+
+def test_explain_text_shows_plan_and_reasons() -> None:
+    """Explain lists server facts, each planned branch's settings and SQL, and skip reasons."""
+    planned = branch(
+        "pg_db_main",
+        name="pg_db",
+        query="SELECT datname,\n       1 AS v\nFROM pg_database",
+        ttl=10.0,
+        timeout=None,
+        priority=3,
+        tags=("cluster", "primary"),
+        fatal=True,
+    )
+    variant = branch("pg_db_other", name="pg_db", timeout=0.1)
+    skipped = branch("pg_replica_only", tags=("replica",))
+    text = explain_text(make_plan(Definitions((planned, variant, skipped)), PRIMARY, ()))
+    assert "datname=app" in text
+    assert "version=180006" in text
+    assert "not in recovery" in text
+    assert (
+        "pg_db_main (name pg_db): priority 3, ttl 10s, timeout unbounded, fatal true, "
+        "tags [cluster, primary]"
+    ) in text
+    assert "      SELECT datname,\n             1 AS v\n      FROM pg_database\n" in text
+    assert "pg_db_other (name pg_db): priority 100, ttl 0s, timeout 0.1s" in text
+    assert "branches pg_db_main, pg_db_other all produce metrics named pg_db_*" in text
+    assert "pg_replica_only (name pg_replica_only): needs a replica" in text
+    assert text.index("pg_db_main") < text.index("pg_replica_only")
+
+
+def test_explain_text_of_replica() -> None:
+    """The header says when the server is in recovery."""
+    text = explain_text(plan_one(branch("b"), REPLICA))
+    assert text.splitlines()[0].count("in recovery") == 1
+    assert "not in recovery" not in text
