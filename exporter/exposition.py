@@ -1,0 +1,249 @@
+"""Exposition: metric families as bytes, in the text format 0.0.4 or OpenMetrics 1.0.
+
+A :class:`Family` holds one source's samples already rendered, so a cached
+collector result costs one byte join per scrape, never per-series work.
+The text format keeps every name as formed (counters get no ``_total``);
+OpenMetrics adds the ``_total`` sample suffix that format requires.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.registry import Collector as ClientCollector
+
+
+class Format(enum.Enum):
+    """A wire format the telemetry endpoint can answer in."""
+
+    TEXT = "text"
+    OPENMETRICS = "openmetrics"
+
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+KINDS = frozenset({"gauge", "counter", "untyped"})
+_OM_KIND = {"gauge": "gauge", "counter": "counter", "untyped": "unknown"}
+_OPENMETRICS_MEDIA = "application/openmetrics-text"
+_TEXT_MEDIA = ("text/plain", "text/*", "*/*")  # most specific first
+_EOF = b"# EOF\n"
+
+
+def negotiate(accept: str | None) -> Format:
+    """OpenMetrics only when the Accept header asks for it at least as much as for text."""
+    if not accept:
+        return Format.TEXT
+    q_by_media: dict[str, float] = {}
+    for entry in accept.split(","):
+        parsed = _media_range(entry)
+        if parsed is not None:
+            media, q = parsed
+            q_by_media[media] = max(q, q_by_media.get(media, 0.0))
+    q_open = q_by_media.get(_OPENMETRICS_MEDIA, 0.0)
+    # Per RFC 9110 the most specific matching range decides the text quality.
+    q_text = next((q_by_media[m] for m in _TEXT_MEDIA if m in q_by_media), 0.0)
+    return Format.OPENMETRICS if q_open > 0 and q_open >= q_text else Format.TEXT
+
+
+def _media_range(entry: str) -> tuple[str, float] | None:
+    """(media type, q) of one Accept entry, or None when it is malformed."""
+    media, *params = entry.split(";")
+    media = media.strip().lower()
+    if media.count("/") != 1:
+        return None
+    q = 1.0
+    for param in params:
+        key, sep, value = param.partition("=")
+        if sep and key.strip().lower() == "q":
+            try:
+                q = float(value.strip())
+            except ValueError:
+                return None
+            if not 0.0 <= q <= 1.0:  # also rejects NaN
+                return None
+    return media, q
+
+
+def content_type(fmt: Format) -> str:
+    """The Content-Type header of a response in this format."""
+    return OPENMETRICS_CONTENT_TYPE if fmt is Format.OPENMETRICS else TEXT_CONTENT_TYPE
+
+
+def format_value(v: float | int) -> str:
+    """A sample value: ints as ints, floats as their shortest repr, NaN, +Inf, -Inf."""
+    if type(v) is int:
+        return str(v)
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(int(v))
+    v = float(v)
+    if math.isfinite(v):
+        return repr(v)
+    if math.isnan(v):
+        return "NaN"
+    return "+Inf" if v > 0 else "-Inf"
+
+
+def go_float(value: float) -> str:
+    """A float as Go's ``strconv.FormatFloat(v, 'g', -1, 64)`` writes it (``le`` values)."""
+    if not math.isfinite(value):
+        return format_value(value)
+    if value == 0:
+        return "0"
+    sign, digit_tuple, exponent = Decimal(repr(value)).normalize().as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    point = len(digits) + int(exponent)  # value = 0.<digits> × 10**point
+    prefix = "-" if sign else ""
+    if not -4 <= point - 1 < 6:  # Go switches to %e at these exponents for shortest output
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{prefix}{mantissa}e{point - 1:+03d}"
+    if point <= 0:
+        return f"{prefix}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return prefix + digits + "0" * (point - len(digits))
+    return f"{prefix}{digits[:point]}.{digits[point:]}"
+
+
+def escape_label_value(value: str) -> str:
+    """Escape backslash, double quote and newline, as both formats require."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value
+
+
+def label_block(labels: Sequence[tuple[str, str]]) -> str:
+    """``{a="x",b="y"}`` for these (name, raw value) pairs; ``""`` when there are none."""
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{n}="{escape_label_value(v)}"' for n, v in labels) + "}"
+
+
+def _escape_help(text: str, fmt: Format) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    # OpenMetrics forbids a bare double quote in HELP; the text format keeps it.
+    return text.replace('"', '\\"') if fmt is Format.OPENMETRICS else text
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Family:
+    """One metric family's samples from one source, rendered once and reused."""
+
+    name: str  # exactly as formed; the TYPE name and the sample name in the text format
+    kind: str  # "gauge" | "counter" | "untyped"
+    help: str
+    series: int
+    # Sample lines in the text format, each starting with ``name``, "\n"-terminated.
+    text_samples: bytes = field(default=b"", repr=False)
+    _memo: dict[tuple[Format, bool], bytes] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"family {self.name}: kind {self.kind!r} is not one of {sorted(KINDS)}"
+            )
+        if self.series < 0:
+            raise ValueError(f"family {self.name}: negative series count {self.series}")
+
+    def family_name(self, fmt: Format) -> str:
+        """Name on the TYPE line: OpenMetrics counters lose a ``_total`` suffix."""
+        if fmt is Format.OPENMETRICS and self.kind == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+    def header(self, fmt: Format) -> bytes:
+        """The ``# HELP`` and ``# TYPE`` lines."""
+        key = (fmt, True)
+        cached = self._memo.get(key)
+        if cached is None:
+            name = self.family_name(fmt)
+            kind = _OM_KIND[self.kind] if fmt is Format.OPENMETRICS else self.kind
+            text = f"# HELP {name} {_escape_help(self.help, fmt)}\n# TYPE {name} {kind}\n"
+            cached = self._memo[key] = text.encode("utf-8", "replace")
+        return cached
+
+    def body(self, fmt: Format) -> bytes:
+        """The sample lines, computed once per format."""
+        if fmt is Format.TEXT or self.kind != "counter" or self.name.endswith("_total"):
+            return self.text_samples
+        key = (fmt, False)
+        cached = self._memo.get(key)
+        if cached is None:
+            # Escaped label values hold no raw newline, so every "\n" starts a sample name.
+            old, new = b"\n" + self.name.encode(), b"\n" + self.name.encode() + b"_total"
+            cached = self._memo[key] = (b"\n" + self.text_samples).replace(old, new)[1:]
+        return cached
+
+
+def make_family(
+    name: str,
+    kind: str,
+    help: str,
+    samples: Iterable[tuple[Sequence[tuple[str, str]], float]],
+) -> Family:
+    """A family from (label pairs, value) samples, e.g. for self-metrics."""
+    lines = [f"{name}{label_block(labels)} {format_value(value)}\n" for labels, value in samples]
+    return Family(name, kind, help, len(lines), "".join(lines).encode("utf-8", "replace"))
+
+
+def encode(
+    families: Iterable[Family],
+    fmt: Format,
+    on_conflict: Callable[[str], None] | None = None,
+) -> bytes:
+    """One exposition: same-name families merged under the first one's HELP and TYPE.
+
+    A later family whose kind differs from the first of its name is dropped and
+    ``on_conflict`` receives a message saying so. Empty families are omitted.
+    """
+    groups: dict[str, list[bytes]] = {}
+    kinds: dict[str, str] = {}
+    for family in families:
+        if not family.series:
+            continue
+        key = family.family_name(fmt)
+        parts = groups.get(key)
+        if parts is None:
+            groups[key] = [family.header(fmt), family.body(fmt)]
+            kinds[key] = family.kind
+        elif kinds[key] == family.kind:
+            parts.append(family.body(fmt))
+        elif on_conflict is not None:
+            on_conflict(
+                f"metric family {key}: a {family.kind} family {family.name} conflicts with "
+                f"the {kinds[key]} of the same name; the {family.kind} is dropped"
+            )
+    chunks = [chunk for parts in groups.values() for chunk in parts]
+    if fmt is Format.OPENMETRICS:
+        chunks.append(_EOF)
+    return b"".join(chunks)
+
+
+_RUNTIME_REGISTRY = CollectorRegistry()
+_RUNTIME_COLLECTORS: tuple[ClientCollector, ...] = (
+    ProcessCollector(registry=_RUNTIME_REGISTRY),
+    PlatformCollector(registry=_RUNTIME_REGISTRY),
+    GCCollector(registry=_RUNTIME_REGISTRY),
+)
+
+
+def runtime_families(const_labels: Sequence[tuple[str, str]]) -> list[Family]:
+    """Python process, platform and GC metrics, named as client_python's text format names them."""
+    families: list[Family] = []
+    for collector in _RUNTIME_COLLECTORS:
+        for metric in collector.collect():
+            kind = metric.type if metric.type in ("gauge", "counter") else "untyped"
+            # client_python strips "_total" from counter families; its samples keep it.
+            name = metric.name + "_total" if kind == "counter" else metric.name
+            samples = [
+                ((*sorted(s.labels.items()), *const_labels), s.value)
+                for s in metric.samples
+                if s.name == name
+            ]
+            families.append(make_family(name, kind, metric.documentation, samples))
+    return families

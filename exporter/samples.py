@@ -1,0 +1,277 @@
+"""Samples: a collector's result rows turned into rendered series (pure, no I/O).
+
+This is the scrape's CPU hot path. Everything that depends only on the
+collector is decided once in :class:`SampleBuilder`; per batch the work is
+column-wise and mostly done by C-level ``map``/``join``: one label string per
+row, reused by every value column of that row.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from itertools import accumulate, repeat
+from operator import add, itemgetter, mul
+from typing import Any
+
+from exporter.casting import FAST_TYPES, NAN, label_text, to_number
+from exporter.definitions import Collector, Column, Usage
+from exporter.errors import MissingColumnError, TooManySeriesError
+from exporter.exposition import Family, escape_label_value, format_value, go_float
+
+
+class _Plain:
+    """A GAUGE or COUNTER column present in the result, with its rendered lines."""
+
+    __slots__ = ("column", "index", "kind", "lines", "name", "null_text")
+
+    def __init__(self, collector: Collector, column: Column, index: int) -> None:
+        self.column, self.index = column, index
+        self.name = collector.metric_name(column)
+        self.kind = "counter" if column.usage is Usage.COUNTER else "gauge"
+        null = NAN if column.default is None else to_number(column.default, column.scale)
+        self.null_text = format_value(null)
+        self.lines: list[str] = []  # label block + " " + value, without the metric name
+
+    def render(self, value: object) -> str:
+        """One cell, by the general rules."""
+        if value is None:
+            return self.null_text
+        if type(value) is Decimal and self.column.scale is None and value.is_finite():
+            return str(value)  # its exact digits: as valid as a float's repr, and cheaper
+        return format_value(to_number(value, self.column.scale))
+
+    def render_all(self, values: list[Any]) -> Iterable[str]:
+        """A batch of cells; uniform int, float or numeric columns take a C-level path."""
+        kinds = set(map(type, values))
+        scale = self.column.scale
+        if kinds == {Decimal} and all(map(Decimal.is_finite, values)):
+            if scale is None:
+                return map(str, values)
+            values, kinds = list(map(float, values)), {float}
+        if kinds == {int} and scale is None:
+            return map(str, values)
+        if kinds <= FAST_TYPES:
+            numbers = values if scale is None else list(map(mul, values, repeat(scale)))
+            if all(map(math.isfinite, numbers)):
+                return map(str, numbers)  # str of an int or a finite float is format_value
+        return map(self.render, values)
+
+
+class _Bins:
+    """Histogram accumulator for one label tuple: per-bucket counts and the sum."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, size: int) -> None:
+        self.counts = [0] * size  # non-cumulative; the last one is above every bound
+        self.total = 0.0
+
+
+class _Histogram:
+    """A HISTOGRAM column: observations folded into bins per label tuple."""
+
+    __slots__ = ("base", "bins", "bounds", "column", "index", "le_parts")
+
+    def __init__(self, collector: Collector, column: Column, index: int) -> None:
+        self.column, self.index = column, index
+        self.base = collector.metric_name(column)
+        self.bounds = column.buckets
+        self.le_parts = [f'le="{go_float(b)}"}} ' for b in (*column.buckets, math.inf)]
+        self.bins: dict[str, _Bins] = {}
+
+    def observe(self, keys: list[str], values: Iterable[object]) -> None:
+        """Fold one batch in; NULL (without default) and NaN are not observations."""
+        bins, bounds, size = self.bins, self.bounds, len(self.bounds) + 1
+        default, scale = self.column.default, self.column.scale
+        for key, raw in zip(keys, values, strict=True):
+            acc = bins.get(key)
+            if acc is None:
+                acc = bins[key] = _Bins(size)
+            if raw is not None:
+                number = to_number(raw, scale)
+            elif default is not None:
+                number = to_number(default, scale)
+            else:
+                continue
+            if not math.isnan(number):
+                acc.counts[bisect_left(bounds, number)] += 1
+                acc.total += number
+
+    def families(self, help: str) -> list[Family]:
+        """The ``_bucket``, ``_count`` and ``_sum`` families, all gauges."""
+        buckets: list[str] = []
+        for key, acc in self.bins.items():
+            opening = "{" if key == " " else key[:-2] + ","
+            cumulative = accumulate(acc.counts)
+            buckets.extend(
+                f"{opening}{le}{n}" for le, n in zip(self.le_parts, cumulative, strict=True)
+            )
+        counts = [f"{key}{sum(acc.counts)}" for key, acc in self.bins.items()]
+        sums = [f"{key}{format_value(acc.total)}" for key, acc in self.bins.items()]
+        return [
+            _family(self.base + "_bucket", "gauge", help, buckets),
+            _family(self.base + "_count", "gauge", help, counts),
+            _family(self.base + "_sum", "gauge", help, sums),
+        ]
+
+
+def _family(name: str, kind: str, help: str, lines: list[str]) -> Family:
+    """A family from lines that lack only the metric name."""
+    text = name + ("\n" + name).join(lines) + "\n" if lines else ""
+    return Family(name, kind, help, len(lines), text.encode("utf-8", "replace"))
+
+
+class SampleBuilder:
+    """Rows of one collector execution → families; feed batches, then finish once.
+
+    After an exception the builder is unusable: the execution publishes nothing.
+    """
+
+    def __init__(
+        self,
+        collector: Collector,
+        column_names: Sequence[str],
+        const_labels: Sequence[tuple[str, str]],
+        max_series: int | None,
+    ) -> None:
+        self.collector = collector
+        self.max_series = max_series
+        self.warnings: list[str] = []
+        self.series = 0
+        index = self._index_columns(collector, column_names)
+        self._label_getters = [itemgetter(index[c.name]) for c in collector.label_columns]
+        self._template = _label_template(collector.label_columns, const_labels)
+        self._outputs = self._value_outputs(index)  # in column order
+        self._plain = [o for o in self._outputs if isinstance(o, _Plain)]
+        self._histograms = [o for o in self._outputs if isinstance(o, _Histogram)]
+        self._seen: set[str] = set()  # label blocks of plain series already emitted
+        self._histogram_keys: set[str] = set()
+        self._histogram_width = sum(len(h.bounds) + 3 for h in self._histograms)
+        self._duplicates = 0
+
+    @staticmethod
+    def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[str, int]:
+        """Result position of each column name; a missing LABEL or HISTOGRAM column fails."""
+        index: dict[str, int] = {}
+        for position, name in enumerate(column_names):
+            index.setdefault(name, position)
+        for column in collector.columns:
+            if column.usage in (Usage.LABEL, Usage.HISTOGRAM) and column.name not in index:
+                raise MissingColumnError(
+                    f"collector {collector.key}: column {column.name} ({column.usage.value}) "
+                    f"is missing from the result; the query returned "
+                    f"{', '.join(column_names) or 'no columns'}; fix the query or the metrics "
+                    f"list{' in ' + collector.source if collector.source else ''}"
+                )
+        return index
+
+    def _value_outputs(self, index: dict[str, int]) -> list[_Plain | _Histogram]:
+        """One output per value column found; a missing GAUGE/COUNTER is only a warning."""
+        outputs: list[_Plain | _Histogram] = []
+        for column in self.collector.value_columns:
+            if column.usage is Usage.HISTOGRAM:
+                outputs.append(_Histogram(self.collector, column, index[column.name]))
+            elif column.name in index:
+                outputs.append(_Plain(self.collector, column, index[column.name]))
+            else:
+                self.warnings.append(
+                    f"collector {self.collector.key}: column {column.name} "
+                    f"({column.usage.value}) is missing from the result; "
+                    f"metric {self.collector.metric_name(column)} is omitted"
+                )
+        return outputs
+
+    def add_rows(self, rows: Iterable[Sequence[object]]) -> None:
+        """Render one batch of rows; raises TooManySeriesError above the cap."""
+        batch = rows if isinstance(rows, list) else list(rows)
+        if not batch:
+            return
+        keys = self._label_blocks(batch)
+        plain_rows, plain_keys = self._drop_duplicates(batch, keys) if self._plain else ([], [])
+        new_keys = set(keys) - self._histogram_keys if self._histograms else set()
+        self._count(len(plain_rows) * len(self._plain) + len(new_keys) * self._histogram_width)
+        self._histogram_keys |= new_keys
+        for plain in self._plain:
+            values = list(map(itemgetter(plain.index), plain_rows))
+            plain.lines.extend(map(add, plain_keys, plain.render_all(values)))
+        for histogram in self._histograms:
+            histogram.observe(keys, map(itemgetter(histogram.index), batch))
+
+    def _label_blocks(self, batch: list[Sequence[object]]) -> list[str]:
+        """One ``{labels} `` string per row (const labels included)."""
+        template = self._template
+        if not self._label_getters:
+            return [template] * len(batch)
+        columns = [_label_column(list(map(g, batch))) for g in self._label_getters]
+        return list(map(template.__mod__, zip(*columns, strict=True)))
+
+    def _drop_duplicates(
+        self, batch: list[Sequence[object]], keys: list[str]
+    ) -> tuple[list[Sequence[object]], list[str]]:
+        """Keep the first row of each label tuple across all batches."""
+        fresh = set(keys)
+        if len(fresh) == len(keys) and self._seen.isdisjoint(fresh):
+            self._seen |= fresh
+            return batch, keys
+        kept_rows: list[Sequence[object]] = []
+        kept_keys: list[str] = []
+        for row, key in zip(batch, keys, strict=True):
+            if key in self._seen:
+                self._duplicates += 1
+            else:
+                self._seen.add(key)
+                kept_rows.append(row)
+                kept_keys.append(key)
+        return kept_rows, kept_keys
+
+    def _count(self, added: int) -> None:
+        self.series += added
+        if self.max_series is not None and self.series > self.max_series:
+            raise TooManySeriesError(
+                f"collector {self.collector.key}: more than {self.max_series} series "
+                f"({self.series} so far); nothing is published. Narrow the query or raise "
+                "the collector's max_series"
+            )
+
+    def finish(self) -> tuple[Family, ...]:
+        """One family per metric family that got series, in column order."""
+        if self._duplicates:
+            self.warnings.append(
+                f"collector {self.collector.key}: {self._duplicates} row(s) repeated the "
+                "labels of an earlier row and were dropped; make the LABEL columns unique"
+            )
+        families: list[Family] = []
+        for output in self._outputs:
+            column = output.column
+            help = column.description or f"{self.collector.key} column {column.name}"
+            if isinstance(output, _Plain):
+                families.append(_family(output.name, output.kind, help, output.lines))
+            else:
+                families.extend(output.families(help))
+        return tuple(f for f in families if f.series)
+
+
+def _label_template(labels: Sequence[Column], const_labels: Sequence[tuple[str, str]]) -> str:
+    """``{a="%s",b="%s",const="v"} ``: a ``%`` template over the LABEL columns.
+
+    Without LABEL columns it is the (constant) label block itself.
+    """
+    const = ",".join(f'{n}="{escape_label_value(v)}"' for n, v in const_labels)
+    if not labels:
+        return "{" + const + "} " if const else " "
+    variable = ",".join(f'{c.output_name}="%s"' for c in labels)
+    return "{" + variable + ("," + const.replace("%", "%%") if const else "") + "} "
+
+
+def _label_column(values: list[object]) -> list[str]:
+    """Escaped label values of one column; plain text passes through untouched."""
+    try:
+        joined = "\x00".join(values)  # type: ignore[arg-type]  # TypeError: not all str
+    except TypeError:
+        return [escape_label_value(label_text(v)) for v in values]
+    if "\\" in joined or '"' in joined or "\n" in joined:
+        return list(map(escape_label_value, values))  # type: ignore[arg-type]
+    return values  # type: ignore[return-value]
