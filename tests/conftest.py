@@ -1,0 +1,20 @@
+"""Shared pytest options: long variants run only with ``--run-slow``."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow", action="store_true", default=False, help="also run tests marked slow"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    opt_in = pytest.mark.skip(reason="slow variant: opt in with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(opt_in)
