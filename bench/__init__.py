@@ -1,0 +1,1 @@
+"""Benchmark harness: our exporter against two peers on one throw-away PostgreSQL."""
