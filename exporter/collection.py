@@ -110,7 +110,9 @@ class Exporter:
         self.stats.last_scrape_time = time.time()
         self.stats.last_duration = self.stats.last_scrape_time - start
         if interrupted is not None:
-            log.info("collection round interrupted (%s)", interrupted, extra={"reason": interrupted})
+            log.info(
+                "collection round interrupted (%s)", interrupted, extra={"reason": interrupted}
+            )
         elif failed:
             self.stats.errors += 1
         log.debug("collection round done", extra={"duration": round(self.stats.last_duration, 4)})

@@ -66,7 +66,9 @@ def conninfo_for(url: str, dbname: str | None, connect_timeout: float) -> str:
     return make_conninfo(url, **extra)
 
 
-async def connect(conninfo: str, connect_timeout: float) -> psycopg.AsyncConnection[tuple[object, ...]]:
+async def connect(
+    conninfo: str, connect_timeout: float
+) -> psycopg.AsyncConnection[tuple[object, ...]]:
     """Open an autocommit connection within ``connect_timeout`` seconds (D6)."""
     try:
         async with asyncio.timeout(connect_timeout):
@@ -122,9 +124,7 @@ def limits_sql(timeout: float | None, server_version: int) -> str:
     return "; ".join(parts)
 
 
-async def run_predicate(
-    cur: psycopg.AsyncCursor[tuple[object, ...]], predicate: Predicate
-) -> bool:
+async def run_predicate(cur: psycopg.AsyncCursor[tuple[object, ...]], predicate: Predicate) -> bool:
     """True when the predicate holds; NULL, false or no row mean skip."""
     await cur.execute(predicate.sql)
     if cur.description is None or len(cur.description) != 1:

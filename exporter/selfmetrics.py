@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from exporter import __version__
 from exporter.cache import ttl_left
@@ -46,11 +46,15 @@ class SelfMetrics:
         return [
             self._single("up", "gauge", "1 when the target answered the last pass", _b(main.up)),
             self._single(
-                "version", "gauge", "server version number of the target",
+                "version",
+                "gauge",
+                "server version number of the target",
                 float(facts.version) if facts else 0.0,
             ),
             self._single(
-                "in_recovery", "gauge", "1 when the target is in recovery (a replica)",
+                "in_recovery",
+                "gauge",
+                "1 when the target is in recovery (a replica)",
                 _b(facts.in_recovery) if facts else 0.0,
             ),
         ]
@@ -68,33 +72,66 @@ class SelfMetrics:
             ("arch", platform.machine()),
         )
         return [
-            self._family("exporter_build_info", "gauge", "exporter build facts; value 1",
-                         [(build, 1.0)]),
+            self._family(
+                "exporter_build_info", "gauge", "exporter build facts; value 1", [(build, 1.0)]
+            ),
             self._single("exporter_up", "gauge", "always 1 while the exporter runs", 1.0),
-            self._single("exporter_uptime", "gauge", "seconds since the exporter started",
-                         time.time() - stats.started_at),
-            self._single("exporter_last_scrape_time", "gauge",
-                         "Unix time when the last pass ended", stats.last_scrape_time),
-            self._single("exporter_scrape_duration", "gauge",
-                         "seconds the last pass took", stats.last_duration),
-            self._single("exporter_scrape_total_count", "counter",
-                         "passes run since start", float(stats.scrapes)),
-            self._single("exporter_scrape_error_count", "counter",
-                         "passes that failed (connection or fatal collector)", float(stats.errors)),
+            self._single(
+                "exporter_uptime",
+                "gauge",
+                "seconds since the exporter started",
+                time.time() - stats.started_at,
+            ),
+            self._single(
+                "exporter_last_scrape_time",
+                "gauge",
+                "Unix time when the last pass ended",
+                stats.last_scrape_time,
+            ),
+            self._single(
+                "exporter_scrape_duration",
+                "gauge",
+                "seconds the last pass took",
+                stats.last_duration,
+            ),
+            self._single(
+                "exporter_scrape_total_count",
+                "counter",
+                "passes run since start",
+                float(stats.scrapes),
+            ),
+            self._single(
+                "exporter_scrape_error_count",
+                "counter",
+                "passes that failed (connection or fatal collector)",
+                float(stats.errors),
+            ),
         ]
 
     def per_server(self, exporter: Exporter) -> list[Family]:
         """Per-database and per-collector statistics."""
         servers = exporter.servers
-        per_db = [
-            ("exporter_server_scrape_duration", "seconds the last pass of this database took",
-             lambda s: s.last_duration),
-            ("exporter_server_scrape_total_seconds", "seconds spent on this database since start",
-             lambda s: s.total_seconds),
-            ("exporter_server_scrape_total_count", "passes of this database since start",
-             lambda s: float(s.scrape_count)),
-            ("exporter_server_scrape_error_count", "failed passes of this database since start",
-             lambda s: float(s.error_count)),
+        per_db: list[tuple[str, str, Callable[[Server], float]]] = [
+            (
+                "exporter_server_scrape_duration",
+                "seconds the last pass of this database took",
+                lambda s: s.last_duration,
+            ),
+            (
+                "exporter_server_scrape_total_seconds",
+                "seconds spent on this database since start",
+                lambda s: s.total_seconds,
+            ),
+            (
+                "exporter_server_scrape_total_count",
+                "passes of this database since start",
+                lambda s: float(s.scrape_count),
+            ),
+            (
+                "exporter_server_scrape_error_count",
+                "failed passes of this database since start",
+                lambda s: float(s.error_count),
+            ),
         ]
         out = [
             self._family(name, "gauge", help_, [((("datname", s.label),), get(s)) for s in servers])

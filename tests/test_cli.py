@@ -483,6 +483,10 @@ def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attributes: objec
     for key, value in attributes.items():
         setattr(module, key, value)
     monkeypatch.setitem(sys.modules, name, module)
+    # `from exporter import web` reads the package attribute once the real module
+    # was imported by another test, so replace that too.
+    package, _, attribute = name.rpartition(".")
+    monkeypatch.setattr(sys.modules[package], attribute, module, raising=False)
 
 
 def test_main_serves_with_masked_url_logged(

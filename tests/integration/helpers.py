@@ -1,0 +1,99 @@
+"""Shared helpers for integration tests: settings for a cluster, collector files, parsing."""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from exporter.definitions import Definitions
+from exporter.loading import load_definitions
+from exporter.localpg import LocalCluster
+from exporter.settings import Settings, with_sslmode
+
+REPO = Path(__file__).resolve().parents[2]
+COLLECTORS = REPO / "collectors"
+
+
+def settings_for(cluster: LocalCluster, **overrides: object) -> Settings:
+    """Settings pointing at ``cluster`` with a generous connect timeout for busy machines."""
+    base = Settings(url=with_sslmode(cluster.dsn()), connect_timeout=5.0)
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def write_collectors(directory: Path, text: str, name: str = "collectors.yml") -> Definitions:
+    """Write one collector file and load it."""
+    path = directory / name
+    path.write_text(textwrap.dedent(text))
+    return load_definitions(str(path))
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def samples(body: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a text exposition keyed by (name, sorted labels), names as written.
+
+    Read literally rather than with client_python's parser, which renames counter
+    samples to ``_total`` and would hide the names we promise to keep.
+    """
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for line in body.splitlines():
+        match = _SAMPLE.match(line)
+        if line.startswith("#") or match is None:
+            continue
+        name, raw_labels, raw_value = match.groups()
+        labels = [
+            (k, re.sub(r"\\[\\\"n]", lambda m: _UNESCAPE[m.group(0)], v))
+            for k, v in _LABEL.findall(raw_labels or "")
+        ]
+        out[(name, tuple(sorted(labels)))] = float(raw_value)
+    return out
+
+
+def value(body: str, name: str, **labels: str) -> float:
+    """The one sample of ``name`` whose labels include ``labels`` (NaN when absent)."""
+    found = [
+        v
+        for (n, lbls), v in samples(body).items()
+        if n == name and all(dict(lbls).get(k) == want for k, want in labels.items())
+    ]
+    assert len(found) <= 1, f"{name}{labels} matched {len(found)} samples"
+    return found[0] if found else math.nan
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll ``check`` until it holds, failing with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def statement_calls(cluster: LocalCluster, marker: str) -> int:
+    """How often the server ran a statement containing ``marker``, from its statement log.
+
+    The log (``log_statement = all`` in the fixtures) is exact; pg_stat_statements is
+    not, since it merges statements that differ only in column aliases.
+    """
+    return sum(
+        1
+        for line in cluster.log_text().splitlines()
+        if marker in line and ("statement: " in line or "execute " in line)
+    )
+
+
+def exporter_backends(cluster: LocalCluster, states: str = "'active','idle in transaction'") -> int:
+    """The exporter's backends in the given states."""
+    out = cluster.psql(
+        "SELECT count(*) FROM pg_stat_activity "
+        f"WHERE application_name = 'pg_exporter' AND state IN ({states})"
+    )
+    return int(out.strip())

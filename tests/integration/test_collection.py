@@ -1,0 +1,387 @@
+"""The collection pass against a real PostgreSQL: casting, caching, timeouts, fatal, discovery."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp.plugin import AiohttpClient
+
+from exporter.localpg import LocalCluster
+from exporter.web import STATE, create_app
+from tests.integration.helpers import (
+    exporter_backends,
+    settings_for,
+    statement_calls,
+    value,
+    write_collectors,
+)
+
+Client = TestClient[web.Request, web.Application]
+
+
+async def _client(
+    aiohttp_client: AiohttpClient,
+    cluster: LocalCluster,
+    defs_text: str,
+    tmp_path: Path,
+    **overrides: object,
+) -> Client:
+    definitions = write_collectors(tmp_path, defs_text)
+    settings = settings_for(cluster, **overrides)
+    app = create_app(settings, definitions)
+    client: Client = await aiohttp_client(app)
+    return client
+
+
+async def _scrape(client: Client, **headers: str) -> str:
+    response = await client.get("/metrics", headers=headers)
+    assert response.status == 200, await response.text()
+    return await response.text()
+
+
+CASTING = """
+cast:
+  query: |
+    SELECT 'a"b\\c' AS tag, NULL::text AS nothing, 42::bigint AS big, 1.5::numeric AS num,
+           true AS flag, NULL::int AS missing_default, NULL::int AS missing_nan,
+           '12.5'::text AS numeric_text, 'oops'::text AS bad_text,
+           to_timestamp(1700000000) AS stamp, 3::int AS scaled
+  ttl: 0
+  timeout: 5
+  metrics:
+    - tag: {usage: LABEL, description: a label with characters to escape}
+    - nothing: {usage: LABEL, description: a NULL label}
+    - big: {usage: COUNTER, description: an integer}
+    - num: {usage: GAUGE, description: a numeric}
+    - flag: {usage: GAUGE, description: a boolean}
+    - missing_default: {usage: GAUGE, default: 7, scale: 2, description: NULL with default}
+    - missing_nan: {usage: GAUGE, description: NULL without default}
+    - numeric_text: {usage: GAUGE, description: text holding a number}
+    - bad_text: {usage: GAUGE, description: text that is no number}
+    - stamp: {usage: GAUGE, scale: 1000, description: a timestamp, not scaled}
+    - scaled: {usage: GAUGE, scale: 0.5, description: a scaled integer}
+"""
+
+
+async def test_values_are_cast_as_documented(
+    aiohttp_client: AiohttpClient, pg: LocalCluster, tmp_path: Path
+) -> None:
+    """Numbers, booleans, NULLs, numeric text, timestamps and scale follow §3 on a real server."""
+    client = await _client(aiohttp_client, pg, CASTING, tmp_path, disable_intro=True)
+    body = await _scrape(client)
+    labels = {"tag": 'a"b\\c', "nothing": ""}
+    assert value(body, "cast_big", **labels) == 42
+    assert value(body, "cast_num", **labels) == 1.5
+    assert value(body, "cast_flag", **labels) == 1
+    assert value(body, "cast_missing_default", **labels) == 14
+    assert math.isnan(value(body, "cast_missing_nan", **labels))
+    assert value(body, "cast_numeric_text", **labels) == 12.5
+    assert math.isnan(value(body, "cast_bad_text", **labels))
+    assert value(body, "cast_stamp", **labels) == 1700000000
+    assert value(body, "cast_scaled", **labels) == 1.5
+    assert "# TYPE cast_big counter\ncast_big{" in body  # counters keep their names
+
+
+async def test_cached_collector_runs_once_within_ttl(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """Two scrapes within the TTL cost one execution on the server (B6)."""
+    marker = f"cached_probe_{uuid.uuid4().hex[:8]}"
+    text = f"""
+    cached:
+      query: SELECT 1::int AS {marker}
+      ttl: 300
+      timeout: 5
+      metrics:
+        - {marker}: {{usage: GAUGE, description: probe}}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    first = await _scrape(client)
+    second = await _scrape(client)
+    assert value(first, f"cached_{marker}") == 1
+    assert value(second, f"cached_{marker}") == 1
+    assert statement_calls(pg18, marker) == 1
+    assert value(second, "pg_exporter_query_scrape_hit_count", query="cached") == 1
+
+
+async def test_slow_collector_times_out_without_blanking_others(
+    aiohttp_client: AiohttpClient, pg: LocalCluster, tmp_path: Path
+) -> None:
+    """A collector over its timeout publishes nothing, the others do, and no backend stays busy."""
+    text = """
+    fast:
+      query: SELECT 1 AS one
+      timeout: 5
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    slow:
+      query: SELECT 2 AS two FROM pg_sleep(3)
+      timeout: 0.3
+      ttl: 60
+      metrics:
+        - two: {usage: GAUGE, description: two}
+    """
+    client = await _client(aiohttp_client, pg, text, tmp_path)
+    body = await _scrape(client)
+    assert value(body, "fast_one") == 1
+    assert math.isnan(value(body, "slow_two"))
+    assert value(body, "pg_up") == 1
+    assert value(body, "pg_exporter_query_scrape_error_count", query="slow") == 1
+    assert value(body, "pg_exporter_scrape_error_count") == 0
+    assert exporter_backends(pg) == 0
+    again = await _scrape(client)  # the failure is cached for its TTL (B14)
+    assert value(again, "pg_exporter_query_scrape_error_count", query="slow") == 1
+    assert value(again, "pg_exporter_query_scrape_hit_count", query="slow") == 1
+
+
+async def test_fatal_collector_failure_sets_pg_up_zero(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """A failing fatal collector aborts the pass, reports pg_up 0 and counts an error (B19)."""
+    text = """
+    broken:
+      query: SELECT 1/0 AS boom
+      fatal: true
+      timeout: 5
+      metrics:
+        - boom: {usage: GAUGE, description: never produced}
+    after:
+      query: SELECT 1 AS one
+      priority: 200
+      timeout: 5
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    body = await _scrape(client)
+    assert value(body, "pg_up") == 0
+    assert math.isnan(value(body, "after_one"))
+    assert value(body, "pg_exporter_scrape_error_count") == 1
+
+
+async def test_predicates_gate_the_main_query(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """A false or NULL predicate skips the collector; all true runs it; errors are errors."""
+    text = """
+    gated_yes:
+      query: SELECT 1 AS one
+      timeout: 5
+      predicate_queries:
+        - {name: always, predicate_query: SELECT true}
+        - {name: current, predicate_query: "SELECT current_setting('server_version_num')::int > 0"}
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    gated_no:
+      query: SELECT 1 AS one
+      timeout: 5
+      predicate_queries:
+        - {name: never, predicate_query: SELECT NULL::bool}
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    gated_bad:
+      query: SELECT 1 AS one
+      timeout: 5
+      predicate_queries:
+        - {name: two_columns, predicate_query: "SELECT true, true"}
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    body = await _scrape(client)
+    assert value(body, "gated_yes_one") == 1
+    assert math.isnan(value(body, "gated_no_one"))
+    assert value(body, "pg_exporter_query_scrape_predicate_skip_count", query="gated_no") == 1
+    assert value(body, "pg_exporter_query_scrape_error_count", query="gated_bad") == 1
+
+
+async def test_missing_label_column_fails_only_that_collector(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """A LABEL column absent from the result fails the collector; a missing gauge is omitted."""
+    text = """
+    nolabel:
+      query: SELECT 1 AS v
+      timeout: 5
+      metrics:
+        - who: {usage: LABEL, description: absent}
+        - v: {usage: GAUGE, description: value}
+    nogauge:
+      query: SELECT 1 AS v
+      timeout: 5
+      metrics:
+        - v: {usage: GAUGE, description: value}
+        - w: {usage: GAUGE, description: absent}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    body = await _scrape(client)
+    assert value(body, "pg_exporter_query_scrape_error_count", query="nolabel") == 1
+    assert value(body, "nogauge_v") == 1
+    assert value(body, "pg_exporter_query_scrape_error_count", query="nogauge") == 0
+
+
+async def test_writing_collector_is_refused(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """A collector that tries to write fails inside its read-only transaction (D2)."""
+    table = f"t_{uuid.uuid4().hex[:8]}"
+    pg18.psql(f"CREATE TABLE {table} (x int)")
+    text = f"""
+    writer:
+      query: INSERT INTO {table} VALUES (1) RETURNING x
+      timeout: 5
+      metrics:
+        - x: {{usage: GAUGE, description: x}}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    body = await _scrape(client)
+    assert value(body, "pg_exporter_query_scrape_error_count", query="writer") == 1
+    assert pg18.psql(f"SELECT count(*) FROM {table}").strip() == "0"
+
+
+async def test_discovery_adds_and_drops_databases(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """Discovered databases are scraped without cluster branches and dropped when gone."""
+    dbname = f"disc_{uuid.uuid4().hex[:8]}"
+    pg18.psql(f"CREATE DATABASE {dbname}")
+    text = """
+    perdb:
+      query: SELECT current_database() AS datname, 1 AS one
+      timeout: 5
+      metrics:
+        - datname: {usage: LABEL, description: database}
+        - one: {usage: GAUGE, description: one}
+    clusterwide:
+      query: SELECT 1 AS one
+      timeout: 5
+      tags: [cluster]
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    """
+    client = await _client(
+        aiohttp_client,
+        pg18,
+        text,
+        tmp_path,
+        exclude_databases=("template0", "template1"),
+        include_databases=("postgres", dbname),
+    )
+    body = await _scrape(client)
+    assert value(body, "perdb_one", datname=dbname) == 1
+    assert value(body, "perdb_one", datname="postgres") == 1
+    assert value(body, "clusterwide_one") == 1  # once, from the main database only
+    exporter = client.app[STATE].exporter
+    await exporter.discovered[dbname].disconnect()
+    pg18.psql(f"DROP DATABASE {dbname}")
+    body = await _scrape(client)
+    assert math.isnan(value(body, "perdb_one", datname=dbname))
+    assert dbname not in exporter.discovered
+
+
+async def test_lost_connection_is_replaced_on_next_pass(
+    aiohttp_client: AiohttpClient, pg: LocalCluster, tmp_path: Path
+) -> None:
+    """After pg_terminate_backend the next passes reconnect and pg_up returns to 1 (D8)."""
+    text = """
+    simple:
+      query: SELECT 1 AS one
+      timeout: 5
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    """
+    client = await _client(aiohttp_client, pg, text, tmp_path)
+    assert value(await _scrape(client), "pg_up") == 1
+    pg.psql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'pg_exporter'"
+    )
+    bodies = [await _scrape(client) for _ in range(2)]
+    assert value(bodies[-1], "pg_up") == 1
+    assert value(bodies[-1], "simple_one") == 1
+
+
+async def test_openmetrics_and_gzip_are_negotiated(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """OpenMetrics when asked (counters end in _total, # EOF), gzip when accepted."""
+    text = """
+    om:
+      query: SELECT 5::bigint AS events
+      timeout: 5
+      metrics:
+        - events: {usage: COUNTER, description: events seen}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    response = await client.get(
+        "/metrics",
+        headers={
+            "Accept": "application/openmetrics-text; version=1.0.0",
+            "Accept-Encoding": "gzip",
+        },
+    )
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert response.headers["Content-Encoding"] == "gzip"
+    body = await response.text()  # aiohttp decompresses transparently
+    assert "# TYPE om_events counter\nom_events_total 5" in body
+    assert body.endswith("# EOF\n")
+
+
+async def test_replica_plans_replica_branches(
+    aiohttp_client: AiohttpClient, pg18_replica: LocalCluster, tmp_path: Path
+) -> None:
+    """On a streaming replica only branches for standbys are planned."""
+    text = """
+    role_primary:
+      name: role
+      query: SELECT 1 AS primary_side
+      timeout: 5
+      tags: [primary]
+      metrics:
+        - primary_side: {usage: GAUGE, description: primary}
+    role_replica:
+      name: role
+      query: SELECT 1 AS replica_side
+      timeout: 5
+      tags: [replica]
+      metrics:
+        - replica_side: {usage: GAUGE, description: replica}
+    """
+    client = await _client(aiohttp_client, pg18_replica, text, tmp_path)
+    body = await _scrape(client)
+    assert value(body, "pg_in_recovery") == 1
+    assert value(body, "role_replica_side") == 1
+    assert math.isnan(value(body, "role_primary_side"))
+    explain = await (await client.get("/explain")).text()
+    assert "role_primary" in explain
+    assert "recovery" in explain.lower()
+
+
+async def test_unreachable_target_reports_pg_up_zero(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """With the target unreachable the scrape still answers, with pg_up 0 and an error count."""
+    text = """
+    simple:
+      query: SELECT 1 AS one
+      timeout: 5
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    """
+    definitions = write_collectors(tmp_path, text)
+    settings = replace(
+        settings_for(pg18),
+        url="postgresql://postgres@127.0.0.1:1/postgres?sslmode=disable",
+        connect_timeout=1.0,
+    )
+    client: Client = await aiohttp_client(create_app(settings, definitions))
+    body = await _scrape(client)
+    assert value(body, "pg_up") == 0
+    assert value(body, "pg_exporter_scrape_error_count") == 1
+    assert value(body, "pg_exporter_server_scrape_error_count", datname="") == 1
