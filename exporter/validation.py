@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -406,3 +407,28 @@ def kind_of(value: object) -> str:
     if value is None or isinstance(value, list | dict):
         return kind
     return f"{kind} {value!r}"
+
+
+def const_label_problems(
+    collectors: Iterable[Collector], const_names: Iterable[str], *, self_metrics: bool
+) -> list[Problem]:
+    """Const labels (``--label``) that collide with a collector's or self-metric's labels."""
+    names = set(const_names)
+    problems = []
+    if self_metrics and (clash := names & {"datname", "query"}):
+        problems.append(
+            Problem("--label", f"{', '.join(sorted(clash))} is used by the self-metrics; rename it")
+        )
+    for collector in collectors:
+        labels = {c.output_name for c in collector.label_columns}
+        if any(c.usage is Usage.HISTOGRAM for c in collector.columns):
+            labels.add("le")
+        for name in sorted(names & labels):
+            problems.append(
+                Problem(
+                    f"{collector.source}:{collector.key}",
+                    f"const label {name!r} from --label is also a label of this collector; "
+                    "rename one of them",
+                )
+            )
+    return problems

@@ -1,8 +1,10 @@
-"""Shared pytest options: long variants run only with ``--run-slow``."""
+"""Shared pytest options (long variants run only with ``--run-slow``) and fixtures."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.promtool import find_promtool
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,3 +20,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(opt_in)
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Path of promtool (Debian's prometheus package, installed when missing)."""
+    return find_promtool()

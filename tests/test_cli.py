@@ -531,6 +531,22 @@ def test_main_dry_run_prints_collectors(
     assert f"# from {config}" in out
 
 
+@pytest.mark.parametrize("label", ["db=x", "datname=x"])
+def test_main_const_label_conflict_exits_2(
+    config: str, label: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --label clashing with a collector's or self-metric's label exits 2 naming it (§1)."""
+    assert main(["--dry-run", "-c", config, "--label", label]) == 2
+    err = capsys.readouterr().err
+    assert label.split("=", maxsplit=1)[0] in err
+    assert "conflict" in err
+
+
+def test_main_const_label_without_conflict_is_fine(config: str) -> None:
+    """A const label no collector uses is accepted."""
+    assert main(["--dry-run", "-c", config, "--label", "cluster=main"]) == 0
+
+
 def test_main_invalid_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An invalid collector file exits 2 with its problems on stderr."""
     bad = tmp_path / "bad.yml"
