@@ -87,23 +87,22 @@ class Exporter:
 
     async def _pass(self, budget: Budget) -> Snapshot:
         start = time.time()
-        families: list[Family] = []
-        interrupted: str | None = None
-        failed = False
-        for server in [self.main]:
-            result = await server.scrape(budget)
-            families.extend(result.families)
-            interrupted = interrupted or result.interrupted
-            failed = failed or bool(result.error)
-        if self.main.up and interrupted is None:
+        snapshot = Snapshot(families=[])
+        failed = await self._scrape_into(self.main, budget, snapshot)
+        if self.main.up and snapshot.interrupted is None:
             await self._sync_discovered()
             for server in self.servers[1:]:
-                result = await server.scrape(budget)
-                families.extend(result.families)
-                interrupted = interrupted or result.interrupted
-                failed = failed or bool(result.error)
-        self._account(start, failed=failed, interrupted=interrupted)
-        return Snapshot(families=families, interrupted=interrupted)
+                failed |= await self._scrape_into(server, budget, snapshot)
+        self._account(start, failed=failed, interrupted=snapshot.interrupted)
+        return snapshot
+
+    @staticmethod
+    async def _scrape_into(server: Server, budget: Budget, snapshot: Snapshot) -> bool:
+        """Add one database's families to the snapshot; True when it failed."""
+        result = await server.scrape(budget)
+        snapshot.families.extend(result.families)
+        snapshot.interrupted = snapshot.interrupted or result.interrupted
+        return bool(result.error)
 
     def _account(self, start: float, *, failed: bool, interrupted: str | None) -> None:
         self.stats.scrapes += 1

@@ -25,6 +25,7 @@ from exporter.errors import CollectorError, TooManySeriesError
 from exporter.exposition import Family
 from exporter.planning import Plan, ServerFacts, make_plan
 from exporter.samples import SampleBuilder
+from exporter.settings import database_of
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Server:
         """The database name for labels and logs."""
         if self.facts is not None:
             return self.facts.datname
-        return self.datname or ""
+        return self.datname or database_of(self.options.url)
 
     async def prepare(self) -> None:
         """Connect if needed, read the server's facts, and plan when they changed."""

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
@@ -15,6 +16,7 @@ from exporter.localpg import LocalCluster
 from exporter.web import STATE, create_app
 from tests.integration.helpers import (
     exporter_backends,
+    samples,
     settings_for,
     statement_calls,
     value,
@@ -32,7 +34,9 @@ async def _client(
     **overrides: object,
 ) -> Client:
     definitions = write_collectors(tmp_path, defs_text)
-    settings = settings_for(cluster, **overrides)
+    # Only the main database unless a test asks for discovery: the session's clusters
+    # hold other tests' databases, which must not change what these tests count.
+    settings = settings_for(cluster, **{"auto_discovery": False, **overrides})
     app = create_app(settings, definitions)
     client: Client = await aiohttp_client(app)
     return client
@@ -269,6 +273,7 @@ async def test_discovery_adds_and_drops_databases(
         pg18,
         text,
         tmp_path,
+        auto_discovery=True,
         exclude_databases=("template0", "template1"),
         include_databases=("postgres", dbname),
     )
@@ -384,4 +389,115 @@ async def test_unreachable_target_reports_pg_up_zero(
     body = await _scrape(client)
     assert value(body, "pg_up") == 0
     assert value(body, "pg_exporter_scrape_error_count") == 1
-    assert value(body, "pg_exporter_server_scrape_error_count", datname="") == 1
+    assert value(body, "pg_exporter_server_scrape_error_count", datname="postgres") == 1
+
+
+async def test_predicate_result_is_cached_for_its_own_ttl(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """A predicate with a TTL runs once across passes while the main query runs every pass."""
+    marker = f"pred_{uuid.uuid4().hex[:8]}"
+    text = f"""
+    gated:
+      query: SELECT 1 AS main_{marker}
+      ttl: 0
+      timeout: 5
+      predicate_queries:
+        - {{name: p, predicate_query: "SELECT true AS check_{marker}", ttl: 300}}
+      metrics:
+        - main_{marker}: {{usage: GAUGE, description: one}}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    for _ in range(3):
+        assert value(await _scrape(client), f"gated_main_{marker}") == 1
+    assert statement_calls(pg18, f"check_{marker}") == 1
+    assert statement_calls(pg18, f"AS main_{marker}") == 3
+
+
+async def test_disable_cache_refreshes_every_pass(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """--disable-cache runs a long-TTL collector on every pass (B16)."""
+    marker = f"nocache_{uuid.uuid4().hex[:8]}"
+    text = f"""
+    cached:
+      query: SELECT 1 AS {marker}
+      ttl: 300
+      timeout: 5
+      metrics:
+        - {marker}: {{usage: GAUGE, description: probe}}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path, disable_cache=True)
+    for _ in range(2):
+        await _scrape(client)
+    assert statement_calls(pg18, marker) == 2
+
+
+async def test_histogram_from_rows(
+    aiohttp_client: AiohttpClient, pg15: LocalCluster, tmp_path: Path
+) -> None:
+    """A HISTOGRAM column builds cumulative buckets, count and sum per label tuple."""
+    text = """
+    lat:
+      query: >-
+        SELECT g AS grp, v FROM
+        (VALUES ('a', 0.05), ('a', 0.3), ('a', 2.0), ('b', 0.2)) t (g, v)
+      timeout: 5
+      metrics:
+        - grp: {usage: LABEL, description: group}
+        - v: {usage: HISTOGRAM, bucket: [0.1, 0.5, 1], description: observed seconds}
+    """
+    client = await _client(aiohttp_client, pg15, text, tmp_path, disable_intro=True)
+    body = await _scrape(client)
+    buckets = {
+        le: value(body, "lat_v_bucket", grp="a", le=le) for le in ("0.1", "0.5", "1", "+Inf")
+    }
+    assert buckets == {"0.1": 1, "0.5": 2, "1": 2, "+Inf": 3}
+    assert value(body, "lat_v_count", grp="a") == 3
+    assert value(body, "lat_v_sum", grp="a") == pytest.approx(2.35)
+    assert value(body, "lat_v_count", grp="b") == 1
+    assert "# TYPE lat_v_bucket gauge" in body
+
+
+SELF_METRICS = {
+    "pg_up": ("gauge", set()),
+    "pg_version": ("gauge", set()),
+    "pg_in_recovery": ("gauge", set()),
+    "pg_exporter_build_info": (
+        "gauge", {"version", "revision", "branch", "builddate", "pyversion", "os", "arch"}),
+    "pg_exporter_up": ("gauge", set()),
+    "pg_exporter_uptime": ("gauge", set()),
+    "pg_exporter_last_scrape_time": ("gauge", set()),
+    "pg_exporter_scrape_duration": ("gauge", set()),
+    "pg_exporter_scrape_total_count": ("counter", set()),
+    "pg_exporter_scrape_error_count": ("counter", set()),
+    **{f"pg_exporter_server_scrape_{s}": ("gauge", {"datname"})
+       for s in ("duration", "total_seconds", "total_count", "error_count")},
+    **{f"pg_exporter_query_{s}": ("gauge", {"datname", "query"})
+       for s in ("cache_ttl", "scrape_total_count", "scrape_hit_count", "scrape_error_count",
+                 "scrape_predicate_skip_count", "scrape_duration", "scrape_metric_count")},
+}  # fmt: skip
+
+
+async def test_every_self_metric_with_type_labels_and_const_labels(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """Every §5 self-metric appears with its type and labels; const labels are on every series."""
+    text = """
+    simple:
+      query: SELECT 1 AS one
+      timeout: 5
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    """
+    const = (("cls", "main"), ("env", "test"))
+    client = await _client(aiohttp_client, pg18, text, tmp_path, const_labels=const)
+    body = await _scrape(client)
+    found = samples(body)
+    for name, (kind, labels) in SELF_METRICS.items():
+        assert f"# TYPE {name} {kind}\n" in body, name
+        keys = [dict(lbls) for n, lbls in found if n == name]
+        assert keys, f"{name} has no sample"
+        assert all(set(k) == labels | {"cls", "env"} for k in keys), (name, keys)
+    assert all(dict(lbls).get("cls") == "main" for _, lbls in found)
+    assert value(body, "process_resident_memory_bytes") > 0
