@@ -16,6 +16,18 @@ class Admission:
         self.active = 0
         self.admitted = 0
         self.rejected = 0
+        self.interrupted = {"budget": 0, "client": 0}
+        self.wait_seconds = 0.0  # total time admitted requests waited for the pass
+        self.last_shared = False  # whether the last pass waited behind another request's
+
+    def note_interrupted(self, reason: str) -> None:
+        """Count a request that ended before its answer (budget spent or client gone)."""
+        self.interrupted[reason] = self.interrupted.get(reason, 0) + 1
+
+    def note_wait(self, seconds: float, *, shared: bool) -> None:
+        """Record how long an admitted request waited for the collection lock."""
+        self.wait_seconds += seconds
+        self.last_shared = shared
 
     @contextmanager
     def slot(self) -> Iterator[bool]:

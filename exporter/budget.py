@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: The HTTP write limit: no scrape may take longer than this, header or not.
 DEFAULT_BUDGET = 30.0
@@ -32,11 +36,18 @@ def _never() -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """A request's deadline on the monotonic clock, and a probe for its client."""
+    """A request's deadline on the monotonic clock, and how to tell that its client left.
+
+    ``ended`` is set when the request is over before its pass (the client hung up and
+    the handler was cancelled): work that may be cancelled with the request (unbounded
+    collectors, preflight) waits on it. It belongs to one request and is never stored
+    on shared objects (B22).
+    """
 
     deadline: float
     client_gone: Callable[[], bool] = field(default=_never)
     clock: Callable[[], float] = field(default=time.monotonic)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     def starting_now(
@@ -54,8 +65,38 @@ class Budget:
 
     def interruption(self) -> str | None:
         """Why the request should stop now: ``"budget"``, ``"client"``, or None (B10)."""
-        if self.client_gone():
+        if self.ended.is_set() or self.client_gone():
             return "client"
         if self.clock() >= self.deadline:
             return "budget"
         return None
+
+
+class RequestEnded(Exception):
+    """The request ended (budget spent or client gone) before cancellable work finished."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"request ended ({reason})")
+        self.reason = reason
+
+
+async def until_request_ends(work: Awaitable[T], budget: Budget) -> T:
+    """Run ``work`` until it finishes, or cancel it when the request ends first (B9, B12).
+
+    The cancelled work is awaited, so a query in flight is cancelled in the server
+    and its connection settles before this returns.
+    """
+    task = asyncio.ensure_future(work)
+    ended = asyncio.ensure_future(budget.ended.wait())
+    try:
+        await asyncio.wait(
+            {task, ended}, timeout=budget.remaining(), return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        ended.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise RequestEnded(budget.interruption() or "budget")
+    return task.result()

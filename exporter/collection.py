@@ -23,6 +23,14 @@ from exporter.settings import Settings
 
 log = logging.getLogger(__name__)
 
+_REASONS = {"budget": "the request's budget ran out", "client": "the client went away"}
+
+
+def _report_orphan_failure(task: asyncio.Task[Snapshot]) -> None:
+    """Log a pass that failed after its request had gone, so the error is not lost."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("collection pass failed: %s", exc, exc_info=exc)
+
 
 @dataclass(slots=True)
 class PassStats:
@@ -42,6 +50,7 @@ class Snapshot:
     families: list[Family]
     interrupted: str | None = None  # "budget" or "client"
     shared: bool = False  # True when the request waited for another's pass
+    waited: float = 0.0  # seconds spent waiting for the collection lock
 
 
 def server_options(settings: Settings) -> ServerOptions:
@@ -81,9 +90,38 @@ class Exporter:
         return [self.main, *(self.discovered[name] for name in sorted(self.discovered))]
 
     async def collect(self, budget: Budget) -> Snapshot:
-        """Run one pass under the collection lock and return its families (B4, B20)."""
-        async with self.lock:
+        """Wait for the collection lock within the budget, then run one pass (B4–B8).
+
+        The pass runs in a task of its own that owns the lock. If this request is
+        cancelled (its client hung up), only the waiting stops: a bounded collector in
+        flight finishes and caches its result (B11), and ``budget.ended`` tells the
+        pass to start nothing new and to cancel unbounded work (B10, B12).
+        """
+        shared = self.lock.locked()
+        waited_from = self.clock()
+        try:
+            async with asyncio.timeout(budget.remaining()):  # B5, B8
+                await self.lock.acquire()
+        except TimeoutError:
+            return Snapshot([], interrupted="budget", shared=shared, waited=budget.remaining())
+        waited = self.clock() - waited_from
+        # No await between acquiring and handing over: the task owns the lock from here.
+        task = asyncio.create_task(self._locked_pass(budget))
+        task.add_done_callback(_report_orphan_failure)
+        try:
+            snapshot = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            budget.ended.set()
+            raise
+        snapshot.shared = shared
+        snapshot.waited = waited
+        return snapshot
+
+    async def _locked_pass(self, budget: Budget) -> Snapshot:
+        try:
             return await self._pass(budget)
+        finally:
+            self.lock.release()
 
     async def _pass(self, budget: Budget) -> Snapshot:
         start = time.time()
@@ -93,6 +131,9 @@ class Exporter:
             await self._sync_discovered()
             for server in self.servers[1:]:
                 failed |= await self._scrape_into(server, budget, snapshot)
+        # A pass that outlived its request (a bounded collector ran past the budget) has
+        # no one to answer: the request gets 503, the results stay cached (B21).
+        snapshot.interrupted = snapshot.interrupted or budget.interruption()
         self._account(start, failed=failed, interrupted=snapshot.interrupted)
         return snapshot
 
@@ -108,9 +149,11 @@ class Exporter:
         self.stats.scrapes += 1
         self.stats.last_scrape_time = time.time()
         self.stats.last_duration = self.stats.last_scrape_time - start
-        if interrupted is not None:
+        if interrupted is not None:  # B18: once, at INFO, and not an error
             log.info(
-                "collection round interrupted (%s)", interrupted, extra={"reason": interrupted}
+                "collection round interrupted: %s",
+                _REASONS[interrupted],
+                extra={"reason": interrupted},
             )
         elif failed:
             self.stats.errors += 1

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from exporter import __version__
+from exporter.admission import Admission
 from exporter.cache import ttl_left
 from exporter.collection import Exporter
 from exporter.exposition import Family, make_family
@@ -35,9 +36,54 @@ class SelfMetrics:
     def _single(self, suffix: str, kind: str, help_: str, value: float) -> Family:
         return self._family(suffix, kind, help_, [((), value)])
 
-    def families(self, exporter: Exporter) -> list[Family]:
+    def families(self, exporter: Exporter, admission: Admission) -> list[Family]:
         """Every self-metric family for the exporter's current state."""
-        return [*self.target(exporter), *self.exporter(exporter), *self.per_server(exporter)]
+        return [
+            *self.target(exporter),
+            *self.exporter(exporter),
+            *self.per_server(exporter),
+            *self.requests(admission),
+            self.outcomes(exporter.servers),
+        ]
+
+    def requests(self, admission: Admission) -> list[Family]:
+        """Admission and waiting on the telemetry path (ours, beyond the Go exporter's)."""
+        interrupted: Samples = [
+            ((("reason", reason),), float(count)) for reason, count in admission.interrupted.items()
+        ]
+        return [
+            self._single("exporter_requests_admitted_total", "counter",
+                         "telemetry requests admitted", float(admission.admitted)),
+            self._single("exporter_requests_rejected_total", "counter",
+                         "telemetry requests refused with 503: too many at once",
+                         float(admission.rejected)),
+            self._family("exporter_requests_interrupted_total", "counter",
+                         "admitted requests that ended before their answer, by reason",
+                         interrupted),
+            self._single("exporter_requests_in_flight", "gauge",
+                         "telemetry requests admitted right now", float(admission.active)),
+            self._single("exporter_pass_wait_seconds_total", "counter",
+                         "seconds admitted requests spent waiting for another's pass",
+                         admission.wait_seconds),
+            self._single("exporter_last_pass_shared", "gauge",
+                         "1 when the last request waited behind another request's pass",
+                         _b(admission.last_shared)),
+        ]  # fmt: skip
+
+    def outcomes(self, servers: Iterable[Server]) -> Family:
+        """Collector executions by outcome (D10)."""
+        samples: Samples = []
+        for server in servers:
+            for key, stats in server.stats.items():
+                for outcome, count in stats.outcomes.items():
+                    labels = (("datname", server.label), ("query", key), ("outcome", outcome.value))
+                    samples.append((labels, float(count)))
+        return self._family(
+            "exporter_query_outcome_total",
+            "counter",
+            "collector executions and cache hits by how they ended",
+            samples,
+        )
 
     def target(self, exporter: Exporter) -> list[Family]:
         """``pg_up``, ``pg_version``, ``pg_in_recovery`` of the main database."""

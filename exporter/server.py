@@ -11,14 +11,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import errors as pgerrors
 
 from exporter import postgres
-from exporter.budget import Budget
+from exporter.budget import Budget, RequestEnded, until_request_ends
 from exporter.cache import CollectorStats, Entry, Outcome, is_fresh
 from exporter.definitions import Collector, Definitions, Predicate
 from exporter.errors import CollectorError, TooManySeriesError
@@ -151,45 +150,58 @@ class Server:
         return result
 
     async def _scrape_prepared(self, budget: Budget, result: ServerResult) -> None:
-        await self.prepare()
+        try:
+            await until_request_ends(self.prepare(), budget)  # B9
+        except RequestEnded as ended:
+            result.interrupted = ended.reason
+            await self.disconnect()  # cancelled mid-connect or mid-preflight: start clean
+            return
         self.up = True
         assert self.plan is not None
         for collector in self.plan.planned:
-            result.interrupted = budget.interruption()
+            result.interrupted = budget.interruption()  # B10
             if result.interrupted is not None:
                 return
-            entry = await self.collect(collector)
+            entry = await self.collect(collector, budget)
             result.families.extend(entry.families)
 
-    async def collect(self, collector: Collector) -> Entry:
-        """The collector's fresh cached result, or a new one (raises FatalCollectorFailed)."""
+    async def collect(self, collector: Collector, budget: Budget) -> Entry:
+        """The collector's fresh cached result, or a new one (raises FatalCollectorFailed).
+
+        A failure is cached like a result (B14), so a fatal failure keeps the database
+        down for the collector's TTL instead of being re-run by every scrape.
+        """
         stats = self.stats.setdefault(collector.key, CollectorStats())
         entry = self.entries.get(collector.key)
         now = self.clock()
         if is_fresh(entry, collector.ttl, now, disable_cache=self.options.disable_cache):
             assert entry is not None
             stats.record(Outcome.CACHED)
-            return entry
-        entry = await self.refresh(collector)
-        self.entries[collector.key] = entry
-        stats.record(entry.outcome, duration=entry.duration, series=entry.series)
+        else:
+            entry = await self.refresh(collector, budget)
+            self.entries[collector.key] = entry
+            stats.record(entry.outcome, duration=entry.duration, series=entry.series)
+            if entry.outcome.failed and collector.fatal:
+                log.error(
+                    "fatal collector failed: %s",
+                    entry.error,
+                    extra={"collector": collector.key, "datname": self.label},
+                )
         if entry.outcome.failed and collector.fatal:
-            log.error(
-                "fatal collector failed: %s",
-                entry.error,
-                extra={"collector": collector.key, "datname": self.label},
-            )
             raise FatalCollectorFailed(
                 f"fatal collector {collector.key} failed on {self.label}: {entry.error}"
             )
         return entry
 
-    async def refresh(self, collector: Collector) -> Entry:
+    async def refresh(self, collector: Collector, budget: Budget) -> Entry:
         """Run one collector and build its families; never raises for collector failures."""
         start = self.clock()
         try:
-            families, series, outcome = await self._execute(collector)
+            families, series, outcome = await self._execute(collector, budget)
             error = ""
+        except RequestEnded as ended:
+            families, series, outcome = (), 0, Outcome.CANCELLED
+            error = f"unbounded collector {collector.key} cancelled: {ended}"
         except (TimeoutError, pgerrors.QueryCanceled) as exc:
             families, series = (), 0
             outcome, error = Outcome.TIMEOUT, _timeout_message(collector, exc)
@@ -199,7 +211,9 @@ class Server:
             families, series, outcome = (), 0, Outcome.ERROR
             error = f"collector {collector.key} on {self.label}: {exc}"
         duration = self.clock() - start
-        if outcome.failed:
+        if outcome is Outcome.CANCELLED:
+            log.info(error, extra={"collector": collector.key, "datname": self.label})
+        elif outcome.failed:
             log.warning(
                 "collector failed: %s",
                 error,
@@ -207,14 +221,19 @@ class Server:
             )
         return Entry(families, outcome, self.clock(), duration, series, error)
 
-    async def _execute(self, collector: Collector) -> tuple[tuple[Family, ...], int, Outcome]:
+    async def _execute(
+        self, collector: Collector, budget: Budget
+    ) -> tuple[tuple[Family, ...], int, Outcome]:
         conn = self.conn
         if conn is None:
             raise psycopg.OperationalError(f"no connection to {self.label}")
-        deadline = asyncio.timeout(collector.timeout) if collector.bounded else nullcontext()
         try:
-            async with deadline:
-                names, batches = await self._query(conn, collector)
+            if collector.bounded:
+                # Its own deadline only: it finishes even if its request ends (B11).
+                async with asyncio.timeout(collector.timeout):
+                    names, batches = await self._query(conn, collector)
+            else:  # nothing else bounds it, so it ends with its request (B12)
+                names, batches = await until_request_ends(self._query(conn, collector), budget)
         finally:
             if not await postgres.settle(conn):
                 await self.disconnect()

@@ -46,10 +46,7 @@ STATE = web.AppKey("state", State)
 
 def create_app(settings: Settings, definitions: Definitions) -> web.Application:
     """The exporter's aiohttp application; connections close on cleanup."""
-    # Handlers are not cancelled when a client hangs up (aiohttp's default since 3.9):
-    # the pass notices the departure itself between collectors (B10), so a bounded
-    # collector in flight always finishes and caches its result (B11).
-    app = web.Application(handler_args={"max_field_size": 8190})
+    app = web.Application()
     exporter = Exporter(settings, definitions)
     app[STATE] = State(
         settings=settings,
@@ -73,27 +70,40 @@ async def _close_exporter(app: web.Application) -> AsyncIterator[None]:
 
 
 async def metrics_handler(request: web.Request) -> web.StreamResponse:
-    """The exposition, under admission and the request budget (B1, B7)."""
+    """The exposition, under admission and the request budget (B1–B3, B7, B21)."""
     state = request.app[STATE]
-    with state.admission.slot() as admitted:
-        if not admitted:
-            return web.Response(status=503, text="too many concurrent scrapes; try again later\n")
+    with state.admission.slot() as admitted:  # released on every exit path (B3)
+        if not admitted:  # B1, D12: at once, no SQL, no queueing
+            return web.Response(status=503, text=_BUSY)
         budget = Budget.starting_now(
             budget_seconds(request.headers.get(SCRAPE_TIMEOUT_HEADER)),
             client_gone=lambda: _client_gone(request),
         )
-        snapshot = await state.exporter.collect(budget)
-        if snapshot.interrupted == "budget":
-            return web.Response(status=503, text="scrape budget ran out before the pass ended\n")
+        try:
+            snapshot = await state.exporter.collect(budget)
+        except asyncio.CancelledError:  # the client hung up (handler cancellation)
+            state.admission.note_interrupted("client")
+            raise
+        state.admission.note_wait(snapshot.waited, shared=snapshot.shared)
+        if snapshot.interrupted is not None:
+            state.admission.note_interrupted(snapshot.interrupted)
+            return web.Response(status=503, text=_OUT_OF_BUDGET)  # B21: never partial
         fmt = negotiate(request.headers.get("Accept"))
         body = encode(_all_families(state, snapshot.families), fmt)
-        return await _write(request, body, content_type(fmt))
+        return await _write(request, body, content_type(fmt))  # lock already released (B20)
+
+
+_BUSY = "too many concurrent scrapes (2 are being served); try again later\n"
+_OUT_OF_BUDGET = (
+    "the scrape's budget ran out before the collection pass finished; "
+    "collectors that completed are cached for the next scrape\n"
+)
 
 
 def _all_families(state: State, collected: list[Family]) -> list[Family]:
     families = list(collected)
     if not state.settings.disable_intro:
-        families.extend(state.selfmetrics.families(state.exporter))
+        families.extend(state.selfmetrics.families(state.exporter, state.admission))
     families.extend(runtime_families(state.settings.const_labels))
     return families
 
@@ -149,6 +159,15 @@ async def landing_handler(request: web.Request) -> web.Response:
     return web.Response(text=page, content_type="text/html")
 
 
+def make_runner(app: web.Application) -> web.AppRunner:
+    """The runner used in production (and by tests that need real sockets)."""
+    # Handler cancellation is on by choice: a client that hangs up cancels its handler,
+    # which stops waiting for the lock at once (B5) and tells the pass, which runs in a
+    # task of its own, to start nothing new; a bounded collector in flight is shielded
+    # and finishes (B11).
+    return web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+
+
 def validate_telemetry_path(path: str) -> None:
     """Reject telemetry paths that cannot be routed unambiguously."""
     problems = []
@@ -190,7 +209,7 @@ async def _serve(
     app = create_app(settings, definitions)
     if not await _first_contact(app[STATE].exporter, settings):
         return 2
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = make_runner(app)
     await runner.setup()
     try:
         for host, port in addresses:

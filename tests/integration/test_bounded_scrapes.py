@@ -1,0 +1,316 @@
+"""The bounded-scrape contract (B1–B22) on a real PostgreSQL, with real sockets.
+
+Every test synchronises on observable state: the query's backend in
+pg_stat_activity, the server's statement log, the exporter's admission and lock
+state. Sleeps appear only as the polling interval of a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exporter.cache import Outcome
+from exporter.localpg import LocalCluster
+from exporter.web import STATE
+from tests.integration.helpers import settings_for, statement_calls, value, write_collectors
+from tests.integration.rawhttp import RawClient, Served, get, poll, poll_async, serving
+
+pytestmark = pytest.mark.concurrency
+
+
+def _marker() -> str:
+    return f"m{uuid.uuid4().hex[:10]}"
+
+
+def _sleeper(
+    key: str,
+    marker: str,
+    seconds: float,
+    *,
+    timeout: float,
+    ttl: float,
+    fatal: bool = False,
+    priority: int = 100,
+) -> str:
+    """A collector whose query takes ``seconds`` and is recognisable by ``marker``."""
+    return f"""
+    {key}:
+      query: SELECT 1 AS {marker} FROM pg_sleep({seconds})
+      ttl: {ttl}
+      timeout: {timeout}
+      fatal: {str(fatal).lower()}
+      priority: {priority}
+      metrics:
+        - {marker}: {{usage: GAUGE, description: probe}}
+    """
+
+
+def _running(cluster: LocalCluster, marker: str) -> bool:
+    """True while a backend of the exporter is executing the marked query."""
+    out = cluster.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
+        f"AND state = 'active' AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
+    )
+    return out.strip() != "0"
+
+
+def _busy_backends(cluster: LocalCluster) -> int:
+    out = cluster.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
+        "AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
+    )
+    return int(out.strip())
+
+
+def _entry_outcome(served: Served, key: str) -> Outcome | None:
+    entry = served.app[STATE].exporter.main.entries.get(key)
+    return entry.outcome if entry else None
+
+
+def _admitted(served: Served) -> int:
+    return served.app[STATE].admission.active
+
+
+Start = Callable[..., Awaitable[Served]]
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Start]:
+    """Serve collectors from YAML text against a cluster; every server stops at the end."""
+    async with AsyncExitStack() as stack:
+
+        async def _start(cluster: LocalCluster, text: str, **overrides: object) -> Served:
+            definitions = write_collectors(tmp_path, text)
+            settings = replace(settings_for(cluster), auto_discovery=False)
+            settings = replace(settings, **overrides)  # type: ignore[arg-type]
+            return await stack.enter_async_context(serving(settings, definitions))
+
+        yield _start
+
+
+async def test_overlapping_scrapes_share_one_execution_and_third_is_refused(
+    pg: LocalCluster, start: Start
+) -> None:
+    """Two overlapping scrapes both answer 200 from one execution (B4–B6); a third gets 503
+    at once and runs no SQL (B1, D12)."""
+    m = _marker()
+    served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60))
+    first = await RawClient.send(served.port)
+    await poll_async(lambda: _running(pg, m), "the first pass to run the query")
+    second = await RawClient.send(served.port)
+    await poll(lambda: _admitted(served) == 2, "the second request to be admitted")
+    started = time.monotonic()
+    third = await get(served.port)
+    assert third.status == 503
+    assert time.monotonic() - started < 0.5  # answered at once, not after the pass
+    a, b = await first.response(), await second.response()
+    assert (a.status, b.status) == (200, 200)
+    assert value(a.text, f"slow_{m}") == 1
+    assert value(b.text, f"slow_{m}") == 1
+    assert statement_calls(pg, m) == 1
+    assert value(b.text, "pg_exporter_last_pass_shared") == 1
+    assert value(b.text, "pg_exporter_requests_rejected_total") == 1
+
+
+async def test_waiter_that_hangs_up_frees_its_slot(pg18: LocalCluster, start: Start) -> None:
+    """A request waiting for the pass stops waiting when its client leaves, releasing its
+    slot, and runs no SQL (B3, B5)."""
+    m = _marker()
+    served = await start(pg18, _sleeper("slow", m, 3, timeout=10, ttl=60))
+    lock = served.app[STATE].exporter.lock
+    first = await RawClient.send(served.port)
+    await poll_async(lambda: _running(pg18, m), "the first pass to run the query")
+    waiter = await RawClient.send(served.port)
+    await poll(lambda: _admitted(served) == 2, "the waiter to be admitted")
+    waiter.hang_up()
+    await poll(lambda: _admitted(served) == 1, "the waiter's slot to be released")
+    assert lock.locked()  # released while the first pass still runs: it stopped waiting
+    third = await RawClient.send(served.port)  # admitted: a slot is free again
+    await poll(lambda: _admitted(served) == 2, "the third request to be admitted")
+    assert (await first.response()).status == 200
+    late = await third.response()
+    assert late.status == 200
+    assert statement_calls(pg18, m) == 1
+    assert value(late.text, "pg_exporter_requests_interrupted_total", reason="client") == 1
+
+
+async def test_short_budget_answers_503_after_bounded_collector_then_serves_cache(
+    pg: LocalCluster, start: Start
+) -> None:
+    """With a 0.3 s budget against a 0.8 s bounded collector the answer is 503 once the
+    collector finished (B7, B11, B21); the next scrape serves its cached result (B6)."""
+    m = _marker()
+    served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60))
+    started = time.monotonic()
+    short = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.3"})
+    elapsed = time.monotonic() - started
+    assert short.status == 503
+    assert 0.7 <= elapsed < 4.0, elapsed  # waited for the collector, not for its 5 s timeout
+    assert _entry_outcome(served, "slow") is Outcome.OK
+    after = await get(served.port)
+    assert after.status == 200
+    assert value(after.text, f"slow_{m}") == 1
+    assert statement_calls(pg, m) == 1
+    assert value(after.text, "pg_exporter_scrape_error_count") == 0
+
+
+async def test_no_collector_starts_once_budget_is_spent(pg18: LocalCluster, start: Start) -> None:
+    """After the budget runs out the pass starts no further collector (B10)."""
+    m1, m2 = _marker(), _marker()
+    text = _sleeper("first", m1, 0.6, timeout=5, ttl=60, priority=1) + _sleeper(
+        "second", m2, 0, timeout=5, ttl=60, priority=2
+    )
+    served = await start(pg18, text)
+    short = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.2"})
+    assert short.status == 503
+    assert statement_calls(pg18, m1) == 1
+    assert statement_calls(pg18, m2) == 0
+
+
+@pytest.mark.parametrize("header", ["", "abc", "0", "-1", "NaN", "inf", "1e999", "0x1"])
+async def test_invalid_budget_headers_are_ignored(
+    pg18: LocalCluster, start: Start, header: str
+) -> None:
+    """Invalid X-Prometheus-Scrape-Timeout-Seconds values fall back to the default (B7)."""
+    m = _marker()
+    served = await start(pg18, _sleeper("quick", m, 0.05, timeout=5, ttl=0))
+    response = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": header})
+    assert response.status == 200
+    assert value(response.text, f"quick_{m}") == 1
+
+
+@pytest.mark.parametrize("fatal", [False, True])
+async def test_hang_up_during_bounded_collector_completes_and_caches(
+    pg: LocalCluster, start: Start, fatal: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client leaving mid-collector does not stop it: it completes and is cached, error
+    counters stay 0, pg_up stays 1 also for a fatal collector (B11, B17, B18)."""
+    caplog.set_level(logging.INFO, logger="exporter")
+    m = _marker()
+    served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60, fatal=fatal))
+    leaver = await RawClient.send(served.port)
+    await poll_async(lambda: _running(pg, m), "the collector to run")
+    leaver.hang_up()
+    await poll(lambda: _entry_outcome(served, "slow") is Outcome.OK, "the collector to finish")
+    await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
+    after = await get(served.port)
+    assert after.status == 200
+    assert value(after.text, f"slow_{m}") == 1
+    assert value(after.text, "pg_up") == 1
+    assert value(after.text, "pg_exporter_scrape_error_count") == 0
+    assert value(after.text, "pg_exporter_server_scrape_error_count", datname="postgres") == 0
+    assert statement_calls(pg, m) == 1
+    interrupted = [r for r in caplog.records if "interrupted" in r.getMessage()]
+    assert len(interrupted) == 1
+    assert interrupted[0].levelno == logging.INFO
+
+
+async def test_hang_up_cancels_unbounded_collector_in_postgres(
+    pg: LocalCluster, start: Start
+) -> None:
+    """An unbounded collector is cancelled with its request (57014), leaves no busy backend,
+    stays missing within its TTL across hang-ups and is tried again after it (B12, B14)."""
+    m = _marker()
+    served = await start(pg, _sleeper("forever", m, 3, timeout=-1, ttl=4))
+    leaver = await RawClient.send(served.port)
+    await poll_async(lambda: _running(pg, m), "the unbounded collector to run")
+    leaver.hang_up()
+    await poll(lambda: _entry_outcome(served, "forever") is Outcome.CANCELLED, "the cancel")
+    await poll_async(lambda: _busy_backends(pg) == 0, "no busy exporter backend", within=10)
+    assert "57014" in pg.log_text()
+    for _ in range(2):  # within the TTL: served without it, not re-run (B14)
+        again = await get(served.port)
+        assert again.status == 200
+        assert f"forever_{m}" not in again.text
+    assert statement_calls(pg, m) == 1
+    server = served.app[STATE].exporter.main
+    await poll(lambda: server.clock() - server.entries["forever"].finished_at >= 4, "the TTL")
+    retried = await get(served.port)
+    assert retried.status == 200
+    assert value(retried.text, f"forever_{m}") == 1
+    assert statement_calls(pg, m) == 2
+    assert value(retried.text, "pg_exporter_scrape_error_count") == 0
+
+
+async def test_slow_reader_holds_its_slot_but_not_the_pass(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """A client that stops reading a large response keeps its slot, not the collection lock:
+    the next scrape's pass runs (B20); slots return after stalled and aborted responses
+    (B2, B3)."""
+    text = """
+    big:
+      query: >-
+        SELECT i AS k, repeat('x', 80) AS pad, i AS v FROM generate_series(1, 90000) i
+      ttl: 0
+      timeout: 20
+      metrics:
+        - k: {usage: LABEL, description: key}
+        - pad: {usage: LABEL, description: padding to make the answer large}
+        - v: {usage: GAUGE, description: value}
+    """
+    served = await start(pg18, text)
+    exporter = served.app[STATE].exporter
+    stalled = await RawClient.send(served.port, receive_buffer=4096)
+    await poll(lambda: exporter.stats.scrapes == 1, "the stalled request's pass to end")
+    await poll(lambda: not exporter.lock.locked(), "the lock to be released")
+    assert _admitted(served) == 1  # still writing to the client that does not read
+    other = await get(served.port)  # its pass runs although the first answer is stuck
+    assert other.status == 200
+    assert exporter.stats.scrapes == 2
+    assert _admitted(served) == 1
+    stalled.hang_up()
+    await poll(lambda: _admitted(served) == 0, "the stalled slot to be released")
+    assert (await get(served.port)).status == 200
+
+
+async def test_budget_bounds_preflight_against_a_silent_server(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """Connecting runs inside the request's budget and is cancelled with it (B9)."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accept, never answer
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        served = await start(
+            pg18, _sleeper("quick", _marker(), 0, timeout=5, ttl=0),
+            url=f"postgresql://postgres@127.0.0.1:{port}/postgres?sslmode=disable",
+            connect_timeout=30.0,
+        )  # fmt: skip
+        started = time.monotonic()
+        response = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.5"})
+        assert response.status == 503
+        assert time.monotonic() - started < 5.0  # the budget, not the 30 s connect timeout
+        body = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.5"})
+        assert body.status == 503  # and again: nothing was left hanging
+    finally:
+        server.close()
+
+
+async def test_real_failures_still_count_when_not_interrupted(
+    pg15: LocalCluster, start: Start
+) -> None:
+    """A fatal collector hitting its own timeout counts as a scrape error (B19)."""
+    m = _marker()
+    served = await start(pg15, _sleeper("fatal", m, 2, timeout=0.2, ttl=0, fatal=True))
+    response = await get(served.port)
+    assert response.status == 200
+    assert value(response.text, "pg_up") == 0
+    assert value(response.text, "pg_exporter_scrape_error_count") == 1
+    assert value(response.text, "pg_exporter_server_scrape_error_count", datname="postgres") == 1
+    assert (
+        value(response.text, "pg_exporter_query_outcome_total", query="fatal", outcome="timeout")
+        == 1
+    )
