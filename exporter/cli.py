@@ -225,9 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level, settings.log_format)
     try:
         return _run(settings)
-    except ConfigError as exc:
+    except (ConfigError, UsageError) as exc:  # UsageError here: e.g. a bad --web.config.file
         print(f"pg_exporter: {exc}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, ConfigError) else 1
     except KeyboardInterrupt:
         return 130
     except Exception:
@@ -266,5 +266,7 @@ def _run(settings: Settings) -> int:
 
         return asyncio.run(explain_main(settings, definitions))
     from exporter import web
+    from exporter.webconfig import WebConfig, load_web_config
 
-    return web.run(settings, definitions)
+    path = settings.web_config_file
+    return web.run(settings, definitions, load_web_config(path) if path else WebConfig())

@@ -23,6 +23,8 @@ from exporter.exposition import Family, content_type, encode, negotiate, runtime
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 from exporter.stat import stat_text
+from exporter.webauth import install
+from exporter.webconfig import WebConfig, ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,13 @@ class State:
 STATE = web.AppKey("state", State)
 
 
-def create_app(settings: Settings, definitions: Definitions) -> web.Application:
-    """The exporter's aiohttp application; connections close on cleanup."""
+def create_app(
+    settings: Settings, definitions: Definitions, web_config: WebConfig | None = None
+) -> web.Application:
+    """The exporter's aiohttp application; connections close on cleanup.
+
+    Basic auth and extra headers from the web config apply to every route.
+    """
     app = web.Application()
     exporter = Exporter(settings, definitions)
     app[STATE] = State(
@@ -61,6 +68,7 @@ def create_app(settings: Settings, definitions: Definitions) -> web.Application:
     app.router.add_get("/explain", explain_handler)
     app.router.add_get("/stat", stat_handler)
     app.router.add_route("*", "/{tail:.*}", landing_handler)
+    install(app, web_config or WebConfig())
     return app
 
 
@@ -192,7 +200,7 @@ def parse_listen_address(address: str) -> tuple[str | None, int]:
     return (host or None), int(port_text)
 
 
-def run(settings: Settings, definitions: Definitions) -> int:
+def run(settings: Settings, definitions: Definitions, web_config: WebConfig | None = None) -> int:
     """Serve until SIGINT or SIGTERM; the exit code for the CLI."""
     try:
         validate_telemetry_path(settings.telemetry_path)
@@ -200,20 +208,24 @@ def run(settings: Settings, definitions: Definitions) -> int:
     except UsageError as exc:
         log.error(str(exc))
         return 1
-    return asyncio.run(_serve(settings, definitions, addresses))
+    return asyncio.run(_serve(settings, definitions, addresses, web_config or WebConfig()))
 
 
 async def _serve(
-    settings: Settings, definitions: Definitions, addresses: list[tuple[str | None, int]]
+    settings: Settings,
+    definitions: Definitions,
+    addresses: list[tuple[str | None, int]],
+    web_config: WebConfig,
 ) -> int:
-    app = create_app(settings, definitions)
+    app = create_app(settings, definitions, web_config)
+    tls = ssl_context(web_config.tls) if web_config.tls else None
     if not await _first_contact(app[STATE].exporter, settings):
         return 2
     runner = make_runner(app)
     await runner.setup()
     try:
         for host, port in addresses:
-            await web.TCPSite(runner, host, port).start()
+            await web.TCPSite(runner, host, port, ssl_context=tls).start()
             log.info("listening", extra={"address": f"{host or ''}:{port}"})
     except OSError as exc:
         log.error("cannot listen: %s", exc)

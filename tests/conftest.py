@@ -11,6 +11,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--run-slow", action="store_true", default=False, help="also run tests marked slow"
     )
+    parser.addoption(
+        "--repeat", default="1", help="run tests marked concurrency this many times each"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -26,3 +29,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def promtool() -> str:
     """Path of promtool (Debian's prometheus package, installed when missing)."""
     return find_promtool()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``--repeat N`` runs each concurrency test N times, to show it is not flaky."""
+    repeat = int(metafunc.config.getoption("--repeat"))
+    if repeat > 1 and metafunc.definition.get_closest_marker("concurrency"):
+        metafunc.fixturenames.append("repetition")
+        metafunc.parametrize("repetition", range(1, repeat + 1), ids=lambda r: f"rep{r}")

@@ -495,7 +495,7 @@ def test_main_serves_with_masked_url_logged(
     """By default main hands settings and definitions to web.run and returns its exit code."""
     calls: list[tuple[Settings, Definitions]] = []
 
-    def run(settings: Settings, definitions: Definitions) -> int:
+    def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
         calls.append((settings, definitions))
         return 7
 
@@ -563,7 +563,7 @@ def test_main_config_error_while_serving_exits_2(
 ) -> None:
     """A ConfigError raised after loading (e.g. a const-label clash) also exits 2."""
 
-    def run(settings: Settings, definitions: Definitions) -> int:
+    def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
         raise ConfigError([Problem("--label", "clashes with a collector label")])
 
     _fake_module(monkeypatch, "exporter.web", run=run)
@@ -575,7 +575,7 @@ def test_main_unexpected_error_is_logged_exit_1(
 ) -> None:
     """An unexpected exception is logged on one line (never a bare traceback) and exits 1."""
 
-    def run(settings: Settings, definitions: Definitions) -> int:
+    def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
         raise RuntimeError("wires crossed at postgres://u:pw@h/db")
 
     _fake_module(monkeypatch, "exporter.web", run=run)
@@ -609,3 +609,17 @@ def _assert_round_trip(path: str, tmp_path: Path) -> None:
     assert [dataclasses.replace(c, source="") for c in reloaded.collectors] == [
         dataclasses.replace(c, source="") for c in original.collectors
     ]
+
+
+def test_main_invalid_web_config_exits_1(
+    config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An invalid --web.config.file stops start-up with exit 1 and a one-line reason."""
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("basic_auth_users:\n  admin: not-a-bcrypt-hash\n")
+    assert main(["-c", config, "--web.config.file", str(web_config)]) == 1
+    err = capsys.readouterr().err
+    reasons = [line for line in err.splitlines() if line.startswith("pg_exporter: ")]
+    assert len(reasons) == 1
+    assert "web.yml" in reasons[0]
+    assert "not-a-bcrypt-hash" not in err
