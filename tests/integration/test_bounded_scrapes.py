@@ -220,7 +220,7 @@ async def test_hang_up_cancels_unbounded_collector_in_postgres(
     """An unbounded collector is cancelled with its request (57014), leaves no busy backend,
     stays missing within its TTL across hang-ups and is tried again after it (B12, B14)."""
     m = _marker()
-    served = await start(pg, _sleeper("forever", m, 3, timeout=-1, ttl=4))
+    served = await start(pg, _sleeper("forever", m, 2, timeout=-1, ttl=2))
     leaver = await RawClient.send(served.port)
     await poll_async(lambda: _running(pg, m), "the unbounded collector to run")
     leaver.hang_up()
@@ -233,7 +233,7 @@ async def test_hang_up_cancels_unbounded_collector_in_postgres(
         assert f"forever_{m}" not in again.text
     assert statement_calls(pg, m) == 1
     server = served.app[STATE].exporter.main
-    await poll(lambda: server.clock() - server.entries["forever"].finished_at >= 4, "the TTL")
+    await poll(lambda: server.clock() - server.entries["forever"].finished_at >= 2, "the TTL")
     retried = await get(served.port)
     assert retried.status == 200
     assert value(retried.text, f"forever_{m}") == 1
