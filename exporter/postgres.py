@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import cast
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 
 APPLICATION_NAME = "pg_exporter"
 FETCH_BATCH = 1000  # rows converted per step: bounds Python objects alive at once (D9)
+# libpq 17 can deliver rows in chunks; older ones only one row per result.
+_STREAM_CHUNK = FETCH_BATCH if psycopg.pq.version() >= 170000 else 1
 LOCK_TIMEOUT_CAP = 1.0  # seconds; lock waits are a small fraction of the statement limit (D3)
 
 _PREFLIGHT_SQL = """
@@ -120,7 +124,9 @@ def limits_sql(timeout: float | None, server_version: int) -> str:
     idle_ms = max(1000, ms)
     parts.append(f"SET LOCAL idle_in_transaction_session_timeout = {idle_ms}")
     if server_version >= 170000 and timeout is not None:
-        parts.append(f"SET LOCAL transaction_timeout = {ms}")
+        # A backstop only: when it fires the server ends the whole session, so it must
+        # come after the statement limit, which merely cancels the statement.
+        parts.append(f"SET LOCAL transaction_timeout = {2 * ms + 1000}")
     return "; ".join(parts)
 
 
@@ -142,18 +148,31 @@ async def run_predicate(cur: psycopg.AsyncCursor[tuple[object, ...]], predicate:
     return value
 
 
-async def fetch_batches(
+async def stream_batches(
     cur: psycopg.AsyncCursor[tuple[object, ...]], query: str
-) -> tuple[Sequence[str], list[list[tuple[object, ...]]]]:
-    """Run ``query`` and return its column names and rows in bounded batches."""
-    await cur.execute(query)
-    if cur.description is None:
-        raise psycopg.ProgrammingError("the collector query returned no result set")
-    names = [d.name for d in cur.description]
-    batches: list[list[tuple[object, ...]]] = []
-    while batch := await cur.fetchmany(FETCH_BATCH):
-        batches.append(batch)
-    return names, batches
+) -> AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None]:
+    """Run ``query`` and yield (column names, rows) in batches as rows arrive (D9).
+
+    Rows are streamed, never buffered whole: a consumer that stops early (a series
+    cap, a missing column) makes psycopg cancel the rest of the query in the server.
+    An empty result yields nothing: psycopg does not keep its column names, and
+    there is nothing to publish from it.
+    """
+    names: Sequence[str] = ()
+    batch: list[tuple[object, ...]] = []
+    # aclosing: when the consumer stops early, psycopg must cancel and drain the query
+    # now, before the transaction is settled, not whenever the generator is collected.
+    stream = cast(AsyncGenerator[tuple[object, ...], None], cur.stream(query, size=_STREAM_CHUNK))
+    async with aclosing(stream) as rows:
+        async for row in rows:
+            if not batch and not names:
+                names = [d.name for d in cur.description or ()]
+            batch.append(row)
+            if len(batch) >= FETCH_BATCH:
+                yield names, batch
+                batch = []
+    if batch:
+        yield names, batch
 
 
 async def begin(

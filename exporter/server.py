@@ -8,9 +8,11 @@ its own deadline; results are published whole or not at all.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import psycopg
@@ -29,6 +31,13 @@ from exporter.settings import database_of
 log = logging.getLogger(__name__)
 
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
+
+
+class _Skipped(enum.Enum):
+    SKIPPED = "skipped"
+
+
+SKIPPED = _Skipped.SKIPPED  # a predicate said no
 
 
 class FatalCollectorFailed(Exception):
@@ -202,7 +211,7 @@ class Server:
         except RequestEnded as ended:
             families, series, outcome = (), 0, Outcome.CANCELLED
             error = f"unbounded collector {collector.key} cancelled: {ended}"
-        except (TimeoutError, pgerrors.QueryCanceled) as exc:
+        except (TimeoutError, pgerrors.QueryCanceled, pgerrors.LockNotAvailable) as exc:
             families, series = (), 0
             outcome, error = Outcome.TIMEOUT, _timeout_message(collector, exc)
         except TooManySeriesError as exc:
@@ -230,33 +239,45 @@ class Server:
         try:
             if collector.bounded:
                 # Its own deadline only: it finishes even if its request ends (B11).
-                async with asyncio.timeout(collector.timeout):
-                    names, batches = await self._query(conn, collector)
+                async with self.client_deadline(collector):
+                    builder = await self._query(conn, collector)
             else:  # nothing else bounds it, so it ends with its request (B12)
-                names, batches = await until_request_ends(self._query(conn, collector), budget)
+                builder = await until_request_ends(self._query(conn, collector), budget)
         finally:
             if not await postgres.settle(conn):
                 await self.disconnect()
-        if names is None:
+        if builder is SKIPPED:
             return (), 0, Outcome.SKIPPED
-        builder = SampleBuilder(collector, names, self.options.const_labels, self._cap(collector))
-        for batch in batches:
-            builder.add_rows(batch)
+        if builder is None:  # an empty result: nothing to publish
+            return (), 0, Outcome.OK
         for warning in builder.warnings:
             log.warning(warning, extra={"collector": collector.key, "datname": self.label})
         return builder.finish(), builder.series, Outcome.OK
 
-    async def _query(
-        self, conn: Conn, collector: Collector
-    ) -> tuple[Sequence[str] | None, list[list[tuple[object, ...]]]]:
-        """Predicates then the main query in one read-only transaction (B13, D1)."""
+    def client_deadline(self, collector: Collector) -> asyncio.Timeout:
+        """The client-side deadline; the server-side limits mirror it (D1)."""
+        return asyncio.timeout(collector.timeout)
+
+    async def _query(self, conn: Conn, collector: Collector) -> SampleBuilder | _Skipped | None:
+        """Predicates then the main query in one read-only transaction (B13, D1).
+
+        Rows are converted as they stream in, so a result over the series cap is
+        cancelled in the server instead of being read whole (D9). None: no rows.
+        """
         assert self.facts is not None
         async with conn.cursor() as cur:
             await postgres.begin(cur, collector, self.facts.version)
             for predicate in collector.predicates:
                 if not await self._predicate(cur, collector, predicate):
-                    return None, []
-            return await postgres.fetch_batches(cur, collector.query)
+                    return SKIPPED
+            builder: SampleBuilder | None = None
+            cap = collector.max_series or self.options.max_series
+            async with aclosing(postgres.stream_batches(cur, collector.query)) as batches:
+                async for names, batch in batches:
+                    if builder is None:
+                        builder = SampleBuilder(collector, names, self.options.const_labels, cap)
+                    builder.add_rows(batch)
+            return builder
 
     async def _predicate(
         self, cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector, p: Predicate
@@ -270,9 +291,6 @@ class Server:
         self.predicates[key] = (value, self.clock())
         return value
 
-    def _cap(self, collector: Collector) -> int:
-        return collector.max_series or self.options.max_series
-
     def reset_statistics(self) -> None:
         """Forget per-collector statistics (after a reload)."""
         self.stats.clear()
@@ -280,6 +298,11 @@ class Server:
 
 def _timeout_message(collector: Collector, exc: BaseException) -> str:
     limit = f"{collector.timeout:g}s" if collector.timeout is not None else "its server limit"
+    if isinstance(exc, pgerrors.LockNotAvailable):
+        return (
+            f"collector {collector.key} waited too long for a lock held by another session "
+            "(lock_timeout); it gave up rather than queue behind it"
+        )
     where = "server-side limit" if isinstance(exc, pgerrors.QueryCanceled) else "deadline"
     return f"collector {collector.key} exceeded its timeout of {limit} ({where}); " + (
         "raise its timeout or make the query cheaper"

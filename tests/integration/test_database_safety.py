@@ -1,0 +1,256 @@
+"""Database safety (D1–D14) on real PostgreSQL: the exporter must never hurt its database."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from exporter.cache import Outcome
+from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
+from exporter.server import Server
+from exporter.web import STATE
+from tests.integration.helpers import settings_for, value, write_collectors
+from tests.integration.rawhttp import Served, get, poll_async, serving
+
+Start = Callable[..., Awaitable[Served]]
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Start]:
+    """Serve collectors from YAML text against a cluster; every server stops at the end."""
+    async with AsyncExitStack() as stack:
+
+        async def _start(cluster: LocalCluster, text: str, **overrides: object) -> Served:
+            definitions = write_collectors(tmp_path, text)
+            settings = replace(settings_for(cluster), auto_discovery=False)
+            settings = replace(settings, **overrides)  # type: ignore[arg-type]
+            return await stack.enter_async_context(serving(settings, definitions))
+
+        yield _start
+
+
+def _outcome(served: Served, key: str, datname: str | None = None) -> Outcome | None:
+    exporter = served.app[STATE].exporter
+    server = exporter.main if datname is None else exporter.discovered[datname]
+    entry = server.entries.get(key)
+    return entry.outcome if entry else None
+
+
+def _error(served: Served, key: str) -> str:
+    entry = served.app[STATE].exporter.main.entries[key]
+    return entry.error
+
+
+def _exporter_backends(cluster: LocalCluster, where: str = "true") -> int:
+    out = cluster.psql(
+        "SELECT count(*) FROM pg_stat_activity "
+        f"WHERE application_name = 'pg_exporter' AND ({where})"
+    )
+    return int(out.strip())
+
+
+def _one(key: str, sql: str, timeout: float = 5, extra: str = "") -> str:
+    return f"""
+    {key}:
+      query: {sql}
+      timeout: {timeout}
+      {extra}
+      metrics:
+        - v: {{usage: GAUGE, description: value}}
+    """
+
+
+@pytest.mark.parametrize(
+    ("kind", "sql"),
+    [
+        ("ddl", "CREATE TABLE {t}_new AS SELECT 1 AS v"),
+        ("dml", "WITH w AS (INSERT INTO {t} VALUES (1) RETURNING x) SELECT x AS v FROM w"),
+        ("nextval", "SELECT nextval('{t}_seq') AS v"),
+    ],
+)
+async def test_writing_collectors_fail_and_write_nothing(
+    pg: LocalCluster, start: Start, kind: str, sql: str
+) -> None:
+    """DDL, DML and nextval fail inside the read-only transaction, naming the collector;
+    nothing is written (D2)."""
+    t = f"w_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE TABLE {t} (x int); CREATE SEQUENCE {t}_seq")
+    served = await start(pg, _one(f"writer_{kind}", sql.format(t=t)))
+    response = await get(served.port)
+    assert response.status == 200
+    assert _outcome(served, f"writer_{kind}") is Outcome.ERROR
+    assert f"writer_{kind}" in _error(served, f"writer_{kind}")
+    assert "read-only" in _error(served, f"writer_{kind}")
+    assert pg.psql(f"SELECT count(*) FROM {t}").strip() == "0"
+    assert pg.psql(f"SELECT last_value, is_called FROM {t}_seq").strip() == "1|f"
+    assert pg.psql(f"SELECT to_regclass('{t}_new') IS NULL").strip() == "t"
+
+
+@contextlib.contextmanager
+def _migration_lock(cluster: LocalCluster, table: str) -> Iterator[None]:
+    """Another session holds ACCESS EXCLUSIVE on ``table`` until the block ends."""
+    with psycopg.connect(cluster.dsn()) as conn:
+        conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        yield
+        conn.rollback()
+
+
+async def test_locked_table_fails_fast_and_leaves_no_waiting_backend(
+    pg: LocalCluster, start: Start
+) -> None:
+    """A collector reading a table locked by a migration fails within its lock limit, the
+    rest of the pass succeeds, and no exporter backend waits or runs afterwards (D3)."""
+    t = f"l_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE TABLE {t} (x int)")
+    text = _one("blocked", f"SELECT count(*) AS v FROM {t}", timeout=2) + _one(
+        "free", "SELECT 1 AS v", extra="priority: 200"
+    )
+    served = await start(pg, text)
+    with _migration_lock(pg, t):
+        response = await asyncio.wait_for(get(served.port), 10)
+        assert response.status == 200
+        assert _outcome(served, "blocked") is Outcome.TIMEOUT
+        assert "lock" in _error(served, "blocked")
+        assert value(response.text, "free_v") == 1
+        stats = served.app[STATE].exporter.main.stats["blocked"]
+        assert stats.last_duration < 1.5  # lock_timeout = min(2 / 4, 1) s, not the 2 s timeout
+        busy = "state <> 'idle' OR wait_event_type = 'Lock'"
+        assert await asyncio.to_thread(_exporter_backends, pg, busy) == 0
+
+
+async def test_server_side_limit_stops_query_without_client_deadline(
+    pg: LocalCluster, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the client-side deadline disabled, statement_timeout still stops the query
+    (D1), as the server log shows."""
+    monkeypatch.setattr(Server, "client_deadline", lambda self, c: contextlib.nullcontext())
+    marker = f"srv_{uuid.uuid4().hex[:8]}"
+    served = await start(pg, _one("sleepy", f"SELECT 1 AS v, '{marker}' FROM pg_sleep(5)",
+                                  timeout=0.3))  # fmt: skip
+    response = await asyncio.wait_for(get(served.port), 4)  # far below the 5 s sleep
+    assert response.status == 200
+    assert _outcome(served, "sleepy") is Outcome.TIMEOUT
+    log_lines = [line for line in pg.log_text().splitlines() if "statement timeout" in line]
+    assert log_lines, "the server did not report the statement timeout"
+
+
+async def test_connections_stay_within_budget_under_a_burst(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """With three discovered databases and 20 concurrent requests (most refused), the
+    exporter never holds more than one backend per database, none idle in transaction
+    after the pass (D5, D7, D12)."""
+    names = [f"cb_{uuid.uuid4().hex[:6]}_{i}" for i in range(3)]
+    for name in names:
+        pg18.psql(f"CREATE DATABASE {name}")
+    text = _one("perdb", "SELECT 1 AS v, pg_sleep(0.2)::text AS s")
+    served = await start(pg18, text, auto_discovery=True, include_databases=tuple(names))
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, _exporter_backends(pg18))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        responses = await asyncio.gather(*(get(served.port) for _ in range(20)))
+    finally:
+        stop.set()
+        sampler.join()
+    statuses = sorted(r.status for r in responses)
+    assert statuses.count(200) >= 2
+    assert set(statuses) <= {200, 503}
+    assert 1 <= peak <= len(names) + 1  # main + discovered; the budget is per database
+    assert (
+        await asyncio.to_thread(
+            _exporter_backends, pg18, "state LIKE 'idle in transaction%' OR state = 'active'"
+        )
+        == 0
+    )
+
+
+async def test_over_series_cap_fails_cleanly_and_stops_the_query(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """A collector over its series cap publishes nothing and is stopped early, while the
+    others publish (D9)."""
+    text = """
+    huge:
+      query: SELECT i AS k, i AS v FROM generate_series(1, 5000000) i
+      timeout: 20
+      max_series: 1000
+      metrics:
+        - k: {usage: LABEL, description: key}
+        - v: {usage: GAUGE, description: value}
+    """ + _one("small", "SELECT 1 AS v", extra="priority: 200")
+    served = await start(pg18, text)
+    response = await asyncio.wait_for(get(served.port), 15)
+    assert response.status == 200
+    assert _outcome(served, "huge") is Outcome.TOO_MANY_SERIES
+    assert "huge_v" not in response.text
+    assert value(response.text, "small_v") == 1
+    stats = served.app[STATE].exporter.main.stats["huge"]
+    assert stats.last_duration < 3  # stopped early, not after producing 5 million rows
+    assert value(response.text, "pg_exporter_query_outcome_total", query="huge",
+                 outcome="too_many_series") == 1  # fmt: skip
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[LocalCluster]:
+    """A cluster of this test's own, to stop and restart without disturbing others."""
+    with LocalCluster(pg18_bindir(), settings=VERBOSE_LOG_SETTINGS) as cluster:
+        yield cluster
+
+
+async def test_restart_and_terminated_backends_recover(
+    own_cluster: LocalCluster, start: Start
+) -> None:
+    """Scrapes keep answering while the server is down (pg_up 0), recover within two passes
+    after it returns or after pg_terminate_backend, and leak no connection (D8)."""
+    served = await start(own_cluster, _one("simple", "SELECT 1 AS v"), connect_timeout=2.0)
+    assert value((await get(served.port)).text, "pg_up") == 1
+    await asyncio.to_thread(own_cluster.stop)
+    down = await get(served.port)
+    assert down.status == 200
+    assert value(down.text, "pg_up") == 0
+    await asyncio.to_thread(own_cluster.start)
+    passes = [await get(served.port) for _ in range(2)]
+    assert value(passes[-1].text, "pg_up") == 1
+    assert value(passes[-1].text, "simple_v") == 1
+    await asyncio.to_thread(
+        own_cluster.psql,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'pg_exporter'",
+    )
+    passes = [await get(served.port) for _ in range(2)]
+    assert value(passes[-1].text, "pg_up") == 1
+    await poll_async(lambda: _exporter_backends(own_cluster) == 1, "exactly one connection")
+
+
+async def test_password_never_shown(
+    pg18: LocalCluster, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A password in the URL appears in no log line, page, error or label (D14)."""
+    caplog.set_level(logging.DEBUG)
+    secret = f"pw{uuid.uuid4().hex[:12]}"
+    url = f"postgresql://postgres:{secret}@127.0.0.1:{pg18.port}/postgres?sslmode=disable"
+    text = _one("ok", "SELECT 1 AS v") + _one("broken", "SELECT 1/0 AS v")
+    served = await start(pg18, text, url=url)
+    bodies = [(await get(served.port, path)).text for path in ("/metrics", "/explain", "/stat")]
+    assert value(bodies[0], "ok_v") == 1
+    errors = [e.error for e in served.app[STATE].exporter.main.entries.values()]
+    everything = "\n".join([*bodies, *errors, caplog.text])
+    assert secret not in everything
