@@ -19,21 +19,31 @@ from exporter.planning import PRIMARY_TAGS, REPLICA_TAGS, ServerFacts, make_plan
 LIBRARY = Path(__file__).resolve().parent.parent / "collectors"
 DOC_FILE = LIBRARY / "0000-doc.yml"
 SUPPORTED = (130000, 140000, 150000, 160000, 170000, 180000)
-REQUIRED = (
-    "pg",
-    "pg_meta",
-    "pg_setting",
-    "pg_db",
-    "pg_activity",
-    "pg_lock",
-    "pg_size",
-    "pg_bgwriter",
-    "pg_checkpointer",
-    "pg_wal",
-    "pg_table",
-    "pg_index",
+# Every family of the default library (issue 6), by where it may be planned.
+CLUSTER_FAMILIES = (
+    "pg", "pg_meta", "pg_setting",
+    "pg_repl", "pg_downstream", "pg_slot", "pg_sub",
+    "pg_archiver", "pg_timeline", "pg_size", "pg_size_wal", "pg_ssl",
+    "pg_io", "pg_bgwriter", "pg_checkpointer", "pg_checkpoint", "pg_slru", "pg_wal",
+    "pg_db", "pg_db_confl", "pg_activity", "pg_wait", "pg_backend", "pg_xact", "pg_xact_age",
+    "pg_lock", "pg_query", "pg_vacuuming", "pg_indexing", "pg_clustering", "pg_backup",
+)  # fmt: skip
+PRIMARY_ONLY = ("pg_sync_standby",)
+REPLICA_ONLY = ("pg_recv", "pg_recovery", "pg_recovery_prefetch")
+PER_DATABASE = (
+    "pg_table", "pg_index", "pg_func", "pg_seq", "pg_relkind", "pg_defpart",
+    "pg_table_size", "pg_pubrel", "pg_subrel",
+)  # fmt: skip
+SKIPPED = frozenset({"pg_origin", "pg_shmem", "pg_table_bloat", "pg_index_bloat"})
+PGBOUNCER = frozenset({"pgbouncer_list", "pgbouncer_database", "pgbouncer_stat", "pgbouncer_pool"})
+REQUIRED = CLUSTER_FAMILIES + PRIMARY_ONLY + REPLICA_ONLY + PER_DATABASE
+# Families whose view appeared after 13.
+SINCE = {"pg_wal": 140000, "pg_recovery_prefetch": 150000, "pg_io": 160000}
+PGBOUNCER_VERSIONS = (11800, 11900, 12000, 12100, 12200, 12300, 12400, 12500)
+EXPENSIVE = re.compile(
+    r"\b(pg_total_relation_size|pg_relation_size|pg_indexes_size|pg_database_size"
+    r"|pg_ls_\w*dir|pg_stats)\b"
 )
-SINCE = {"pg_wal": 140000}  # families whose view appeared after 13
 # Every field of the format (compatibility.md §3, plus our per-branch max_series).
 FORMAT_FIELDS = frozenset(
     {"name", "desc", "query", "predicate_queries", "ttl", "timeout", "priority", "fatal"}
@@ -109,12 +119,26 @@ def facts(version: int, in_recovery: bool, *, is_main: bool = True) -> ServerFac
     )
 
 
+def bouncer(version: int) -> ServerFacts:
+    """A pgBouncer admin console of the given version (1.22.1 is 12201)."""
+    return ServerFacts(
+        version=version, in_recovery=False, datname="pgbouncer", username="stats", pgbouncer=True
+    )
+
+
+def expected_families(version: int, in_recovery: bool) -> set[str]:
+    """Families the main database of a server of this version and role must plan."""
+    role = REPLICA_ONLY if in_recovery else PRIMARY_ONLY
+    names = CLUSTER_FAMILIES + PER_DATABASE + role
+    return {name for name in names if version >= SINCE.get(name, 0)}
+
+
 def test_library_loads_without_problem_or_warning() -> None:
     """The directory loads with the exporter's loader: no skipped file, no warning."""
     definitions = library()
     assert definitions.skipped_files == ()
     assert definitions.warnings == ()
-    assert len(definitions.collectors) >= len(REQUIRED)
+    assert len(definitions.collectors) >= len(REQUIRED) + len(SKIPPED) + len(PGBOUNCER)
 
 
 def test_every_numbered_file_defines_branches_of_its_family() -> None:
@@ -143,10 +167,10 @@ def test_doc_file_is_comments_only_and_documents_every_field() -> None:
     assert documented - words == set()
 
 
-def test_required_families_exist() -> None:
-    """Every family the starter library promises is defined."""
+def test_every_family_of_the_issue_exists() -> None:
+    """Every family the default library promises is defined, and nothing else."""
     names = {collector.name for collector in library().collectors}
-    assert set(REQUIRED) - names == set()
+    assert names == set(REQUIRED) | SKIPPED | PGBOUNCER
 
 
 def test_branches_of_one_name_never_overlap_for_the_same_role() -> None:
@@ -162,26 +186,77 @@ def test_branches_of_one_name_never_overlap_for_the_same_role() -> None:
 
 @pytest.mark.parametrize("version", SUPPORTED)
 @pytest.mark.parametrize("in_recovery", [False, True])
-def test_main_database_plans_each_required_family_once(version: int, in_recovery: bool) -> None:
-    """On every supported version and role, planning picks exactly one branch per family."""
+def test_main_database_plans_each_family_once(version: int, in_recovery: bool) -> None:
+    """On every version and role the main database plans exactly the expected families, once."""
     plan = make_plan(library(), facts(version, in_recovery), [])
     planned = [collector.name for collector in plan.planned]
     assert len(planned) == len(set(planned)), planned
-    expected = {name for name in REQUIRED if version >= SINCE.get(name, 0)}
-    assert expected - set(planned) == set()
+    assert set(planned) == expected_families(version, in_recovery)
 
 
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_discovered_databases_get_only_per_database_families(version: int) -> None:
-    """A discovered database runs pg_table and pg_index, nothing cluster-wide."""
+    """A discovered database runs the per-database families, nothing cluster-wide."""
     plan = make_plan(library(), facts(version, False, is_main=False), [])
-    assert {collector.name for collector in plan.planned} == {"pg_table", "pg_index"}
+    assert {collector.name for collector in plan.planned} == set(PER_DATABASE)
+
+
+def test_skipped_by_default_are_exactly_the_costly_or_privileged_ones() -> None:
+    """pg_origin, pg_shmem and the bloat estimates exist but carry skip: true."""
+    skipped = {collector.name for collector in library().collectors if collector.skip}
+    assert skipped == SKIPPED
+
+
+@pytest.mark.parametrize("version", PGBOUNCER_VERSIONS)
+def test_pgbouncer_plans_its_four_families_and_nothing_else(version: int) -> None:
+    """Against pgBouncer 1.18+ exactly one branch of each pgbouncer_* family is planned."""
+    plan = make_plan(library(), bouncer(version), [])
+    planned = [collector.name for collector in plan.planned]
+    assert sorted(planned) == sorted(PGBOUNCER)
+
+
+def test_pgbouncer_branches_are_tagged_show_commands() -> None:
+    """pgBouncer branches are tagged SHOW commands from 1.18 on, never planned on PostgreSQL."""
+    for collector in library().collectors:
+        is_bouncer = collector.name.startswith("pgbouncer_")
+        assert ("pgbouncer" in collector.tags) == is_bouncer, collector.key
+        if is_bouncer:
+            assert re.fullmatch(r"SHOW [A-Z_]+", collector.query.strip()), collector.key
+            assert collector.min_version >= 11800, collector.key
+    for version in SUPPORTED:
+        plan = make_plan(library(), facts(version, False), [])
+        assert not [c.key for c in plan.planned if c.name.startswith("pgbouncer_")]
+
+
+def test_postgres_branches_start_at_a_supported_version() -> None:
+    """Every PostgreSQL branch states min_version 13 or later, in server_version_num form."""
+    for collector in library().collectors:
+        if "pgbouncer" not in collector.tags:
+            assert collector.min_version >= 130000, collector.key
+            assert collector.max_version in (0, *SUPPORTED), collector.key
+
+
+def test_costly_queries_cache_for_at_least_a_minute() -> None:
+    """Branches that measure files, list directories or read pg_stats keep results >= 60 s."""
+    for collector in library().collectors:
+        if EXPENSIVE.search(collector.query):
+            assert collector.ttl >= 60, collector.key
+
+
+def test_snapshot_histograms_have_buckets() -> None:
+    """pg_xact_age uses HISTOGRAM columns, each with a bucket list."""
+    collectors = [c for c in library().collectors if c.name == "pg_xact_age"]
+    assert collectors
+    for collector in collectors:
+        histograms = [c for c in collector.value_columns if c.usage is Usage.HISTOGRAM]
+        assert histograms, collector.key
+        assert all(len(column.buckets) >= 5 for column in histograms), collector.key
 
 
 def test_per_database_branches_label_datname_and_bound_their_rows() -> None:
-    """Branches without `cluster` carry a datname label and a LIMIT on their rows."""
+    """Per-database branches (not cluster, not pgBouncer) carry datname and a LIMIT."""
     for collector in library().collectors:
-        if "cluster" in collector.tags:
+        if "cluster" in collector.tags or "pgbouncer" in collector.tags:
             continue
         labels = [column.output_name for column in collector.label_columns]
         assert "datname" in labels, collector.key

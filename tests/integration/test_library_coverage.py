@@ -1,0 +1,348 @@
+"""The whole default library on real servers: every planned collector, every role (issue 6)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psycopg
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp.plugin import AiohttpClient
+
+from exporter.cache import Outcome
+from exporter.definitions import Definitions
+from exporter.loading import load_definitions
+from exporter.localpg import SERVER_ACCOUNT, LocalCluster
+from exporter.planning import ServerFacts, make_plan
+from exporter.samples import SampleBuilder
+from exporter.settings import with_sslmode
+from exporter.web import STATE, create_app
+from tests.integration.helpers import COLLECTORS, samples, settings_for, value, wait_for
+from tests.promtool import unexpected_problems
+
+Client = TestClient[web.Request, web.Application]
+
+DB = "libcov"
+MONITOR = "libcov_monitor"
+SUPERUSER = "postgres"
+# Floors, not exact counts: the library may grow but must never silently shrink.
+# Measured on 18 and 15 (primary, pg_monitor): 41 and 40 planned on the main database.
+MIN_PLANNED = {"primary": 38, "replica": 40}
+MIN_FAMILIES = 250
+MIN_SERIES = 1500
+FULL_PASS_BUDGET_MS = 5000  # a generous ceiling; the measured pass is printed
+
+_CLUSTER_SETUP = f"""
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{MONITOR}') THEN
+    CREATE ROLE {MONITOR} LOGIN NOSUPERUSER CONNECTION LIMIT 10 IN ROLE pg_monitor;
+  END IF;
+END $$;
+SELECT 'CREATE DATABASE {DB}' WHERE NOT EXISTS
+  (SELECT FROM pg_database WHERE datname = '{DB}') \\gexec
+"""
+
+# Something for every per-database family: tables with dead rows, indexes, a tracked
+# function, sequences, a partitioned table with a default partition, a materialized
+# view, a publication and a subscription that never connects (no wal_level needed).
+_DATABASE_SETUP = """
+SET client_min_messages = error;
+CREATE TABLE IF NOT EXISTS cov_orders (id bigserial PRIMARY KEY, customer int, total numeric);
+CREATE INDEX IF NOT EXISTS cov_orders_customer ON cov_orders (customer);
+CREATE SEQUENCE IF NOT EXISTS cov_tickets;
+CREATE OR REPLACE FUNCTION cov_count(c int) RETURNS bigint LANGUAGE plpgsql AS
+  $$ BEGIN RETURN (SELECT count(*) FROM cov_orders WHERE customer = c); END $$;
+CREATE TABLE IF NOT EXISTS cov_events (at date NOT NULL, what text) PARTITION BY RANGE (at);
+CREATE TABLE IF NOT EXISTS cov_events_2024 PARTITION OF cov_events
+  FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
+CREATE TABLE IF NOT EXISTS cov_events_other PARTITION OF cov_events DEFAULT;
+INSERT INTO cov_events SELECT DATE '2024-01-01' + i % 700, 'e' FROM generate_series(1, 500) i;
+INSERT INTO cov_orders (customer, total) SELECT i % 40, i * 1.5 FROM generate_series(1, 3000) i;
+DELETE FROM cov_orders WHERE id % 7 = 0;
+CREATE MATERIALIZED VIEW IF NOT EXISTS cov_totals AS
+  SELECT customer, sum(total) AS total FROM cov_orders GROUP BY customer;
+SET track_functions = 'all';
+SELECT cov_count(3), nextval('cov_tickets');
+ANALYZE;
+SELECT 'CREATE PUBLICATION cov_pub FOR TABLE cov_orders'
+ WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = 'cov_pub') \\gexec
+SELECT 'CREATE SUBSCRIPTION cov_sub CONNECTION ''host=127.0.0.1 dbname=nowhere'''
+       ' PUBLICATION cov_pub WITH (connect = false)'
+ WHERE NOT EXISTS (SELECT FROM pg_subscription WHERE subname = 'cov_sub') \\gexec
+"""
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one scrape of the whole library produced."""
+
+    body: str
+    planned: int  # collectors planned on the main database
+    families: int  # TYPE lines
+    series: int  # sample lines
+    failures: list[str]  # planned collectors whose outcome was neither ok nor skipped
+    pass_ms: float  # wall time of an uncached pass, connections already open
+
+
+def _prepare(cluster: LocalCluster) -> None:
+    """The monitoring role, the database and its objects (idempotent: clusters are shared)."""
+    cluster.psql(_CLUSTER_SETUP)
+    cluster.psql(_DATABASE_SETUP, dbname=DB)
+
+
+def _definitions(*, unskip: bool = False) -> Definitions:
+    """The library as shipped, or with every `skip: true` branch switched on."""
+    definitions = load_definitions(str(COLLECTORS))
+    if not unskip:
+        return definitions
+    collectors = tuple(replace(c, skip=False) for c in definitions.collectors)
+    return replace(definitions, collectors=collectors)
+
+
+async def _scrape(
+    aiohttp_client: AiohttpClient, cluster: LocalCluster, user: str, definitions: Definitions
+) -> Scrape:
+    """Scrape twice without cache; the second scrape times a full pass on open connections."""
+    settings = replace(
+        settings_for(cluster),
+        url=with_sslmode(cluster.dsn(user=user)),
+        include_databases=(DB,),
+        disable_cache=True,
+    )
+    client: Client = await aiohttp_client(create_app(settings, definitions))
+    assert (await client.get("/metrics")).status == 200
+    started = time.perf_counter()
+    response = await client.get("/metrics")
+    pass_ms = (time.perf_counter() - started) * 1000
+    assert response.status == 200
+    body = await response.text()
+    exporter = client.app[STATE].exporter
+    assert exporter.main.plan is not None
+    lines = body.splitlines()
+    return Scrape(
+        body=body,
+        planned=len(exporter.main.plan.planned),
+        families=sum(1 for line in lines if line.startswith("# TYPE ")),
+        series=sum(1 for line in lines if line and not line.startswith("#")),
+        failures=_failures(client),
+        pass_ms=pass_ms,
+    )
+
+
+def _failures(client: Client) -> list[str]:
+    """Every planned collector whose last outcome was not ok or skipped, with its error."""
+    failures = []
+    for server in client.app[STATE].exporter.servers:
+        assert server.plan is not None, f"database {server.label} was never planned"
+        for collector in server.plan.planned:
+            entry = server.entries.get(collector.key)
+            if entry is None or entry.outcome not in (Outcome.OK, Outcome.SKIPPED):
+                failures.append(f"{server.label}/{collector.key}: {entry and entry.error}")
+    return failures
+
+
+def _report(what: str, scrape: Scrape) -> None:
+    print(
+        f"\n{what}: {scrape.planned} collectors planned on the main database, "
+        f"{scrape.families} families, {scrape.series} series, "
+        f"full uncached pass {scrape.pass_ms:.0f} ms"
+    )
+
+
+def _has(body: str, name: str, **labels: str) -> bool:
+    """True when some sample of ``name`` carries ``labels``."""
+    return any(
+        n == name and all(dict(lbls).get(k) == v for k, v in labels.items())
+        for n, lbls in samples(body)
+    )
+
+
+@pytest.mark.parametrize("user", [SUPERUSER, MONITOR])
+async def test_whole_library_runs_clean_on_primary(
+    aiohttp_client: AiohttpClient, pg: LocalCluster, user: str, promtool: str
+) -> None:
+    """On 18 and 15, every planned collector succeeds as superuser and as pg_monitor."""
+    _prepare(pg)
+    scrape = await _scrape(aiohttp_client, pg, user, _definitions())
+    _report(f"PostgreSQL {pg.version} primary as {user}", scrape)
+    assert scrape.failures == []
+    assert scrape.planned >= MIN_PLANNED["primary"]
+    assert scrape.families >= MIN_FAMILIES
+    assert scrape.series >= MIN_SERIES
+    assert scrape.pass_ms < FULL_PASS_BUDGET_MS
+    assert unexpected_problems(promtool, scrape.body.encode()) == []
+
+
+async def test_per_database_families_describe_the_objects(
+    aiohttp_client: AiohttpClient, pg: LocalCluster
+) -> None:
+    """The discovered database's function, sequence, partition and publication all show up."""
+    _prepare(pg)
+    # Statistics of the set-up session reach shared memory when that backend exits.
+    flushed = (
+        "SELECT (SELECT count(*) FROM pg_stat_user_functions WHERE funcname = 'cov_count')"
+        " + (SELECT count(*) FROM pg_stat_user_tables"
+        "     WHERE relname = 'cov_events_other' AND n_live_tup > 0)"
+    )
+    wait_for(lambda: pg.psql(flushed, dbname=DB).strip() == "2", "the set-up statistics")
+    body = (await _scrape(aiohttp_client, pg, SUPERUSER, _definitions())).body
+    assert value(body, "pg_func_calls", datname=DB, funcname="cov_count(c integer)") >= 1
+    assert value(body, "pg_seq_last_value", datname=DB, seqname="cov_tickets") >= 1
+    assert value(body, "pg_defpart_rows", datname=DB, partname="cov_events_other") > 0
+    assert value(body, "pg_pubrel_count", datname=DB, pubname="cov_pub") == 1
+    assert value(body, "pg_relkind_count", datname=DB, relkind="matview") >= 1
+    assert _has(body, "pg_table_size_bytes", datname=DB, relname="cov_orders")
+    assert _has(body, "pg_sub_enabled", subname="cov_sub")
+    assert value(body, "pg_xact_age_seconds_bucket", le="+Inf") >= 0
+
+
+@pytest.mark.parametrize("user", [SUPERUSER, MONITOR])
+async def test_whole_library_runs_clean_on_replica(
+    aiohttp_client: AiohttpClient,
+    pg18: LocalCluster,
+    pg18_replica: LocalCluster,
+    user: str,
+    promtool: str,
+) -> None:
+    """On a streaming replica the replica branches run too, all without errors."""
+    _prepare(pg18)
+    query = f"SELECT count(*) FROM pg_database WHERE datname = '{DB}'"
+    wait_for(lambda: pg18_replica.psql(query).strip() == "1", "the replica to replay the database")
+    scrape = await _scrape(aiohttp_client, pg18_replica, user, _definitions())
+    _report(f"PostgreSQL {pg18_replica.version} replica as {user}", scrape)
+    assert scrape.failures == []
+    assert value(scrape.body, "pg_in_recovery") == 1
+    assert _has(scrape.body, "pg_recv_flushed_lsn")
+    assert _has(scrape.body, "pg_recovery_replay_pending_bytes")
+    assert scrape.planned >= MIN_PLANNED["replica"]
+    assert scrape.families >= MIN_FAMILIES
+    assert unexpected_problems(promtool, scrape.body.encode()) == []
+
+
+async def test_branches_skipped_by_default_still_run_for_a_superuser(
+    aiohttp_client: AiohttpClient, pg: LocalCluster
+) -> None:
+    """pg_origin, pg_shmem and the bloat estimates work when a superuser switches them on."""
+    _prepare(pg)
+    scrape = await _scrape(aiohttp_client, pg, SUPERUSER, _definitions(unskip=True))
+    assert scrape.failures == []
+    assert _has(scrape.body, "pg_shmem_size")
+    assert _has(scrape.body, "pg_table_bloat_ratio", datname=DB, relname="cov_orders")
+    assert _has(scrape.body, "pg_index_bloat_ratio", datname=DB, indexrelname="cov_orders_pkey")
+
+
+# --- pgBouncer: the SHOW commands of the 09xx files against a real pgBouncer ----------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(pg18: LocalCluster) -> Iterator[int]:
+    """A pgBouncer (Debian's package, installed by scripts/setup) in front of pg18; its port."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    assert Path(binary).exists(), "pgbouncer is not installed: run scripts/setup"
+    port = _free_port()
+    # Under /tmp rather than pytest's private tmp_path: the server account must reach it.
+    with tempfile.TemporaryDirectory(prefix="libcov-pgbouncer-") as name:
+        directory = Path(name)
+        (directory / "pgbouncer.ini").write_text(
+            f"[databases]\n{DB} = host=127.0.0.1 port={pg18.port} dbname={DB} pool_size=3\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = any\n"
+            f"admin_users = postgres\nunix_socket_dir =\npool_mode = transaction\n"
+            f"logfile = {directory / 'pgbouncer.log'}\n"
+        )
+        command = [binary, str(directory / "pgbouncer.ini")]
+        if os.geteuid() == 0:  # pgBouncer refuses to run as root
+            shutil.chown(directory, SERVER_ACCOUNT)
+            command[1:1] = ["-u", SERVER_ACCOUNT]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: _accepts(port) or process.poll() is not None, "pgBouncer to listen")
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+            yield port
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def _console(port: int) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(
+        f"host=127.0.0.1 port={port} user=postgres dbname=pgbouncer sslmode=disable",
+        autocommit=True,
+        connect_timeout=5,
+    )
+
+
+Row = list[str | None]
+
+
+def _show(
+    conn: psycopg.Connection[tuple[object, ...]], command: str
+) -> tuple[list[str], list[Row]]:
+    """Run an admin console command with the simple query protocol: (columns, text rows)."""
+    result = conn.pgconn.exec_(command.encode())
+    assert result.error_message == b"", result.error_message
+    columns = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+    rows = [
+        [_text(result.get_value(r, i)) for i in range(result.nfields)]
+        for r in range(result.ntuples)
+    ]
+    return columns, rows
+
+
+def _text(cell: bytes | None) -> str | None:
+    return None if cell is None else cell.decode()
+
+
+def test_pgbouncer_collectors_match_a_real_console(pgbouncer: int) -> None:
+    """Each planned pgbouncer_* branch finds all its columns in the real SHOW output."""
+    with _console(pgbouncer) as conn:
+        _, version_rows = _show(conn, "SHOW VERSION")
+        found = re.search(r"(\d+)\.(\d+)\.(\d+)", str(version_rows[0][0]))
+        assert found, version_rows
+        major, minor, patch = (int(part) for part in found.groups())
+        facts = ServerFacts(
+            version=major * 10000 + minor * 100 + patch,
+            in_recovery=False,
+            datname="pgbouncer",
+            username="postgres",
+            pgbouncer=True,
+        )
+        plan = make_plan(_definitions(), facts, [])
+        assert {c.name for c in plan.planned} == {
+            "pgbouncer_list", "pgbouncer_database", "pgbouncer_stat", "pgbouncer_pool"
+        }  # fmt: skip
+        for collector in plan.planned:
+            columns, rows = _show(conn, collector.query)
+            builder = SampleBuilder(collector, columns, (), None)
+            builder.add_rows(rows)
+            families = builder.finish()
+            assert builder.warnings == [], collector.key
+            assert {f.name for f in families} == {
+                collector.metric_name(column) for column in collector.value_columns
+            }, collector.key
+            assert builder.series > 0, collector.key
