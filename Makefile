@@ -1,5 +1,5 @@
 # Thin wrappers: the scripts are the source of truth (CI runs .ci/run -> scripts/test).
-.PHONY: setup test demo lint
+.PHONY: setup test demo lint packages
 
 setup:
 	bash scripts/setup
@@ -12,3 +12,6 @@ demo:
 
 lint:
 	bash scripts/test --lint-only
+
+packages:
+	bash scripts/packages

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from exporter import __version__
+from exporter import __version__, systemd
 from exporter.admission import Admission
 from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, budget_seconds
 from exporter.collection import Exporter
 from exporter.definitions import Definitions
 from exporter.errors import UsageError
 from exporter.exposition import Family, content_type, encode, negotiate, runtime_families
+from exporter.health import HEALTH_PATHS, HEALTH_PROBE, add_health_routes, health_context
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 from exporter.stat import stat_text
@@ -28,7 +29,7 @@ from exporter.webconfig import WebConfig, ssl_context
 
 log = logging.getLogger(__name__)
 
-FIXED_ROUTES = ("/", "/version", "/explain", "/stat", "/reload")
+FIXED_ROUTES = ("/", "/version", "/explain", "/stat", "/reload", *HEALTH_PATHS)
 GZIP_LEVEL = 1  # metric text compresses well even at the cheapest level; CPU matters more
 
 
@@ -63,10 +64,12 @@ def create_app(
         selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
     )
     app.cleanup_ctx.append(_close_exporter)
+    app.cleanup_ctx.append(health_context(settings))
     app.router.add_get(settings.telemetry_path, metrics_handler)
     app.router.add_get("/version", version_handler)
     app.router.add_get("/explain", explain_handler)
     app.router.add_get("/stat", stat_handler)
+    add_health_routes(app, HEALTH_PROBE)  # before the catch-all below
     app.router.add_route("*", "/{tail:.*}", landing_handler)
     install(app, web_config or WebConfig())
     return app
@@ -158,7 +161,7 @@ async def stat_handler(request: web.Request) -> web.Response:
 async def landing_handler(request: web.Request) -> web.Response:
     """A small page linking everything the exporter serves."""
     path = request.app[STATE].settings.telemetry_path
-    links = [path, "/explain", "/stat", "/version"]
+    links = [path, "/explain", "/stat", "/version", "/up", "/primary", "/replica"]
     items = "".join(f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in links)
     page = (
         "<!doctype html><html><head><title>pg_exporter</title></head><body>"
@@ -235,9 +238,17 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    systemd.ready()
+    interval = systemd.watchdog_interval()
+    # Pinged from the event loop itself, so a wedged loop stops the pings and
+    # systemd restarts the service.
+    watchdog = asyncio.create_task(systemd.watchdog_loop(interval)) if interval else None
     await stop.wait()
+    systemd.stopping()
     log.info("shutting down")
     await runner.cleanup()
+    if watchdog is not None:
+        watchdog.cancel()
     return 0
 
 

@@ -92,10 +92,16 @@ def statement_calls(cluster: LocalCluster, marker: str) -> int:
     )
 
 
-def exporter_backends(cluster: LocalCluster, states: str = "'active','idle in transaction'") -> int:
-    """The exporter's backends in the given states."""
+# The health probe keeps a connection of its own (D5 allows one beyond the databases);
+# its last query is always this one, which tells it apart from the pass's connections.
+PROBE_QUERY = "SELECT pg_is_in_recovery()"
+
+
+def exporter_backends(cluster: LocalCluster, where: str = "true", *, probe: bool = False) -> int:
+    """The exporter's backends matching ``where``; the health probe's only if ``probe``."""
+    not_probe = "true" if probe else f"query <> '{PROBE_QUERY}'"
     out = cluster.psql(
-        "SELECT count(*) FROM pg_stat_activity "
-        f"WHERE application_name = 'pg_exporter' AND state IN ({states})"
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
+        f"AND ({where}) AND {not_probe} AND pid <> pg_backend_pid()"
     )
     return int(out.strip())

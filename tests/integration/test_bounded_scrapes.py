@@ -21,7 +21,13 @@ import pytest
 from exporter.cache import Outcome
 from exporter.localpg import LocalCluster
 from exporter.web import STATE
-from tests.integration.helpers import settings_for, statement_calls, value, write_collectors
+from tests.integration.helpers import (
+    exporter_backends,
+    settings_for,
+    statement_calls,
+    value,
+    write_collectors,
+)
 from tests.integration.rawhttp import RawClient, Served, get, poll, poll_async, serving
 
 pytestmark = pytest.mark.concurrency
@@ -61,14 +67,6 @@ def _running(cluster: LocalCluster, marker: str) -> bool:
         f"AND state = 'active' AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
     )
     return out.strip() != "0"
-
-
-def _busy_backends(cluster: LocalCluster) -> int:
-    out = cluster.psql(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
-        "AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
-    )
-    return int(out.strip())
 
 
 def _entry_outcome(served: Served, key: str) -> Outcome | None:
@@ -225,7 +223,8 @@ async def test_hang_up_cancels_unbounded_collector_in_postgres(
     await poll_async(lambda: _running(pg, m), "the unbounded collector to run")
     leaver.hang_up()
     await poll(lambda: _entry_outcome(served, "forever") is Outcome.CANCELLED, "the cancel")
-    await poll_async(lambda: _busy_backends(pg) == 0, "no busy exporter backend", within=10)
+    busy = "state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
+    await poll_async(lambda: exporter_backends(pg, busy) == 0, "no busy backend", within=10)
     assert "57014" in pg.log_text()
     for _ in range(2):  # within the TTL: served without it, not re-run (B14)
         again = await get(served.port)

@@ -19,7 +19,7 @@ from exporter.cache import Outcome
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from exporter.server import Server
 from exporter.web import STATE
-from tests.integration.helpers import settings_for, value, write_collectors
+from tests.integration.helpers import exporter_backends, settings_for, value, write_collectors
 from tests.integration.rawhttp import Served, get, poll_async, serving
 
 Start = Callable[..., Awaitable[Served]]
@@ -49,14 +49,6 @@ def _outcome(served: Served, key: str, datname: str | None = None) -> Outcome | 
 def _error(served: Served, key: str) -> str:
     entry = served.app[STATE].exporter.main.entries[key]
     return entry.error
-
-
-def _exporter_backends(cluster: LocalCluster, where: str = "true") -> int:
-    out = cluster.psql(
-        "SELECT count(*) FROM pg_stat_activity "
-        f"WHERE application_name = 'pg_exporter' AND ({where})"
-    )
-    return int(out.strip())
 
 
 def _one(key: str, sql: str, timeout: float = 5, extra: str = "") -> str:
@@ -125,7 +117,7 @@ async def test_locked_table_fails_fast_and_leaves_no_waiting_backend(
         stats = served.app[STATE].exporter.main.stats["blocked"]
         assert stats.last_duration < 1.5  # lock_timeout = min(2 / 4, 1) s, not the 2 s timeout
         busy = "state <> 'idle' OR wait_event_type = 'Lock'"
-        assert await asyncio.to_thread(_exporter_backends, pg, busy) == 0
+        assert await asyncio.to_thread(exporter_backends, pg, busy) == 0
 
 
 async def test_server_side_limit_stops_query_without_client_deadline(
@@ -161,7 +153,7 @@ async def test_connections_stay_within_budget_under_a_burst(
     def sample() -> None:
         nonlocal peak
         while not stop.is_set():
-            peak = max(peak, _exporter_backends(pg18))
+            peak = max(peak, exporter_backends(pg18, probe=True))
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -173,10 +165,11 @@ async def test_connections_stay_within_budget_under_a_burst(
     statuses = sorted(r.status for r in responses)
     assert statuses.count(200) >= 2
     assert set(statuses) <= {200, 503}
-    assert 1 <= peak <= len(names) + 1  # main + discovered; the budget is per database
+    # One per scraped database (main + 3 discovered) plus the health probe's (D5).
+    assert 1 <= peak <= 1 + len(names) + 1
     assert (
         await asyncio.to_thread(
-            _exporter_backends, pg18, "state LIKE 'idle in transaction%' OR state = 'active'"
+            exporter_backends, pg18, "state LIKE 'idle in transaction%' OR state = 'active'"
         )
         == 0
     )
@@ -237,7 +230,10 @@ async def test_restart_and_terminated_backends_recover(
     )
     passes = [await get(served.port) for _ in range(2)]
     assert value(passes[-1].text, "pg_up") == 1
-    await poll_async(lambda: _exporter_backends(own_cluster) == 1, "exactly one connection")
+    await poll_async(lambda: exporter_backends(own_cluster) == 1, "one connection for the pass")
+    await poll_async(  # and one for the health probe, which reconnects on its next tick
+        lambda: exporter_backends(own_cluster, probe=True) == 2, "the probe's connection"
+    )
 
 
 async def test_password_never_shown(

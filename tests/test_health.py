@@ -1,0 +1,314 @@
+"""Health probe and routing endpoints without PostgreSQL: statuses, deadlines, routes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp.plugin import AiohttpClient
+
+from exporter.health import (
+    HEALTH_PATHS,
+    HEALTH_PROBE,
+    PRIMARY_PATHS,
+    REPLICA_PATHS,
+    UP_PATHS,
+    Conn,
+    HealthProbe,
+    HealthSnapshot,
+    Status,
+    Want,
+    add_health_routes,
+    answer,
+    classify,
+    health_context,
+)
+from exporter.settings import Settings
+
+Client = TestClient[web.Request, web.Application]
+URL = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("want", "status", "code"),
+    [
+        (Want.UP, Status.PRIMARY, 200),
+        (Want.UP, Status.REPLICA, 200),
+        (Want.PRIMARY, Status.PRIMARY, 200),
+        (Want.PRIMARY, Status.REPLICA, 404),
+        (Want.REPLICA, Status.REPLICA, 200),
+        (Want.REPLICA, Status.PRIMARY, 404),
+        *[(w, s, 503) for w in Want for s in (Status.STARTING, Status.DOWN, Status.UNKNOWN)],
+    ],
+)
+def test_answer_follows_the_routing_table(want: Want, status: Status, code: int) -> None:
+    """200 for a match, 404 for an up target in the other role, 503 whenever it is not up."""
+    assert answer(want, status) == code
+
+
+def test_health_paths_are_the_compatible_fifteen() -> None:
+    """Every path of compatibility §2 is routed, each to its group."""
+    assert set(UP_PATHS) == {"/up", "/health", "/liveness", "/readiness", "/read"}
+    assert set(PRIMARY_PATHS) == {"/primary", "/leader", "/master", "/read-write", "/rw"}
+    assert set(REPLICA_PATHS) == {"/replica", "/standby", "/slave", "/read-only", "/ro"}
+    assert len(HEALTH_PATHS) == 15
+
+
+class _Coded(Exception):
+    sqlstate = "57P03"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (_Coded("cannot connect now"), Status.STARTING),
+        (psycopg.OperationalError("FATAL:  the database system is starting up"), Status.STARTING),
+        (
+            psycopg.OperationalError("FATAL:  the database system is in recovery mode"),
+            Status.STARTING,
+        ),
+        (psycopg.OperationalError("FATAL:  sorry, too many clients already"), Status.DOWN),
+        (psycopg.OperationalError("Connection refused"), Status.DOWN),
+        (TimeoutError(), Status.DOWN),
+        (RuntimeError("the database system is starting up"), Status.DOWN),
+    ],
+)
+def test_classify_maps_57p03_to_starting(exc: BaseException, status: Status) -> None:
+    """SQLSTATE 57P03, by code or by the server's message, is STARTING; the rest is DOWN."""
+    assert classify(exc) == status
+
+
+def test_stale_snapshot_reads_as_unknown() -> None:
+    """A snapshot older than a few probe periods is no longer trusted."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 0.5, interval=1.0, clock=clock)
+    probe.snapshot = HealthSnapshot(Status.PRIMARY, clock.now)
+    clock.now += probe.stale_after
+    assert probe.current().status is Status.PRIMARY
+    clock.now += 0.01
+    stale = probe.current()
+    assert stale.status is Status.UNKNOWN
+    assert stale.checked_at == probe.snapshot.checked_at
+    assert "no probe" in stale.error
+
+
+def test_probe_rejects_nonpositive_timings() -> None:
+    """A zero interval or timeout would spin or never bound the probe."""
+    with pytest.raises(ValueError, match="positive"):
+        HealthProbe(URL, 0.0)
+    with pytest.raises(ValueError, match="positive"):
+        HealthProbe(URL, 1.0, interval=0.0)
+
+
+async def _routes_client(aiohttp_client: AiohttpClient, probe: HealthProbe) -> Client:
+    app = web.Application()
+    app[HEALTH_PROBE] = probe
+    add_health_routes(app, HEALTH_PROBE)
+    client: Client = await aiohttp_client(app)
+    return client
+
+
+@pytest.mark.parametrize("status", list(Status))
+async def test_every_route_answers_from_the_snapshot(
+    aiohttp_client: AiohttpClient, status: Status
+) -> None:
+    """GET and HEAD on each path give the routing code; GET's body is the status word."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 0.1, clock=clock)
+    probe.snapshot = HealthSnapshot(status, clock.now)
+    client = await _routes_client(aiohttp_client, probe)
+    groups = [(UP_PATHS, Want.UP), (PRIMARY_PATHS, Want.PRIMARY), (REPLICA_PATHS, Want.REPLICA)]
+    for paths, want in groups:
+        for path in paths:
+            got = await client.get(path)
+            assert (got.status, await got.text()) == (answer(want, status), status.value), path
+            assert got.headers["Cache-Control"] == "no-store"
+            head = await client.head(path)
+            assert head.status == answer(want, status), path
+            assert await head.read() == b""
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    """Poll ``check`` until it holds; fail after five seconds."""
+    async with asyncio.timeout(5.0):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.01)
+
+
+def _error_response(sqlstate: str, message: str) -> bytes:
+    fields = [("S", "FATAL"), ("V", "FATAL"), ("C", sqlstate), ("M", message)]
+    body = b"".join(k.encode() + v.encode() + b"\0" for k, v in fields) + b"\0"
+    return b"E" + struct.pack("!I", len(body) + 4) + body
+
+
+Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def _listener(reply: Reply) -> AsyncIterator[str]:
+    """A local TCP server running ``reply`` per connection; yields a URL that reaches it."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reply(reader, writer)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"postgresql://monitor@127.0.0.1:{port}/postgres?sslmode=disable"
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+
+
+async def _refuse_starting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer a startup packet the way a starting server does (SQLSTATE 57P03)."""
+    (length,) = struct.unpack("!I", await reader.readexactly(4))
+    await reader.readexactly(length - 4)
+    writer.write(_error_response("57P03", "the database system is starting up"))
+    await writer.drain()
+    writer.close()
+
+
+async def _never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Accept and stay silent, like a hung server."""
+
+
+async def test_a_starting_server_reads_as_starting() -> None:
+    """A real libpq connection refused with 57P03 gives STARTING and keeps the reason."""
+    async with _listener(_refuse_starting) as url:
+        probe = HealthProbe(url, 2.0)
+        snapshot = await probe.probe_once()
+    assert snapshot.status is Status.STARTING
+    assert "starting up" in snapshot.error
+
+
+async def test_a_silent_server_is_down_after_the_connect_timeout() -> None:
+    """A listener that never answers costs one connect timeout, then DOWN."""
+    loop = asyncio.get_running_loop()
+    async with _listener(_never_answer) as url:
+        probe = HealthProbe(url, 0.3)
+        started = loop.time()
+        snapshot = await probe.probe_once()
+        elapsed = loop.time() - started
+    assert snapshot.status is Status.DOWN
+    assert "0.3s" in snapshot.error
+    assert 0.25 <= elapsed < 1.0
+
+
+async def test_a_refused_connection_is_down_at_once() -> None:
+    """Nothing listening: DOWN with the reason, well within the timeout."""
+    loop = asyncio.get_running_loop()
+    async with _listener(_never_answer) as url:
+        pass  # the port is free again once the listener is closed
+    probe = HealthProbe(url, 5.0)
+    started = loop.time()
+    snapshot = await probe.probe_once()
+    assert snapshot.status is Status.DOWN
+    assert snapshot.error
+    assert loop.time() - started < 2.0
+
+
+async def test_a_probe_that_resists_cancellation_is_still_abandoned() -> None:
+    """A probe that waits again after the first cancellation (as psycopg does) is cut short."""
+    loop = asyncio.get_running_loop()
+    finished = asyncio.Event()
+
+    async def stubborn(conninfo: str, seconds: float) -> Conn:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.sleep(30)  # psycopg's wait for the server-side cancel
+            finally:
+                finished.set()
+        raise AssertionError("not reached")
+
+    probe = HealthProbe(URL, 0.2, connector=stubborn)
+    started = loop.time()
+    snapshot = await probe.probe_once()
+    assert snapshot.status is Status.DOWN
+    assert finished.is_set()
+    assert loop.time() - started < 0.2 + 0.5
+
+
+async def test_an_unexpected_error_is_down_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in the probe path reads as DOWN with the reason, and is logged, not raised."""
+
+    async def broken(conninfo: str, seconds: float) -> Conn:
+        raise RuntimeError("boom")
+
+    probe = HealthProbe(URL, 1.0, connector=broken)
+    snapshot = await probe.probe_once()
+    assert (snapshot.status, snapshot.error) == (Status.DOWN, "boom")
+    assert "failed unexpectedly" in caplog.text
+
+
+async def test_probes_never_overlap_and_keep_the_interval() -> None:
+    """run() starts one probe per interval, even when a probe takes most of it."""
+    loop = asyncio.get_running_loop()
+    starts: list[float] = []
+    running = 0
+    peak = 0
+    enough = asyncio.Event()
+
+    async def slow(conninfo: str, seconds: float) -> Conn:
+        nonlocal running, peak
+        starts.append(loop.time())
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(0.08)
+            raise psycopg.OperationalError("refused")
+        finally:
+            running -= 1
+            if len(starts) >= 4:
+                enough.set()
+
+    probe = HealthProbe(URL, 1.0, interval=0.1, connector=slow)
+    task = asyncio.create_task(probe.run())
+    async with asyncio.timeout(5):
+        await enough.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert peak == 1
+    assert all(0.09 <= gap < 0.5 for gap in gaps), gaps
+
+
+async def test_context_runs_the_probe_for_the_app_lifetime(aiohttp_client: AiohttpClient) -> None:
+    """The cleanup context publishes probe results while serving and stops the probe after."""
+    app = web.Application()
+    add_health_routes(app, HEALTH_PROBE)
+    app.cleanup_ctx.append(health_context(Settings(url=URL, connect_timeout=0.5), interval=0.05))
+    client: Client = await aiohttp_client(app)
+    probe = app[HEALTH_PROBE]
+    await _until(lambda: probe.snapshot.status is not Status.UNKNOWN)
+    got = await client.get("/up")
+    assert (got.status, await got.text()) == (503, "down")
+    await client.close()
+    names = {task.get_name() for task in asyncio.all_tasks()}
+    assert "health probe" not in names
