@@ -62,6 +62,7 @@ def server_options(settings: Settings) -> ServerOptions:
         tags=settings.tags,
         disable_cache=settings.disable_cache,
         max_series=settings.max_series,
+        pgbouncer=settings.is_pgbouncer,
     )
 
 

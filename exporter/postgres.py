@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -110,6 +111,51 @@ def _strings(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
+_BOUNCER_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def pgbouncer_version(text: str) -> int:
+    """``PgBouncer 1.22.1`` → 12201 (0 when no version is found)."""
+    found = _BOUNCER_VERSION.search(text)
+    if found is None:
+        return 0
+    major, minor, patch = (int(part or 0) for part in found.groups())
+    return major * 10000 + minor * 100 + patch
+
+
+async def pgbouncer_preflight(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> Preflight:
+    """pgBouncer's admin console: its version from ``SHOW VERSION`` (a row, or a notice
+    from older versions). The console speaks only the simple query protocol (D4)."""
+    notices: list[str] = []
+
+    def keep(diagnostic: psycopg.errors.Diagnostic) -> None:
+        notices.append(diagnostic.message_primary or "")
+
+    conn.add_notice_handler(keep)
+    try:
+        cur = await conn.execute("SHOW VERSION", prepare=False)
+        row = await cur.fetchone() if cur.description else None
+    finally:
+        conn.remove_notice_handler(keep)
+    text = str(row[0]) if row else " ".join(notices)
+    facts = ServerFacts(
+        version=pgbouncer_version(text), in_recovery=False, datname="pgbouncer",
+        username=conn.info.user, pgbouncer=True,
+    )  # fmt: skip
+    return Preflight(facts=facts, databases=())
+
+
+async def console_batches(
+    cur: psycopg.AsyncCursor[tuple[object, ...]], query: str
+) -> AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None]:
+    """A pgBouncer console command's (column names, rows): simple protocol, no
+    transaction, no SET (D4). Its answers are small, so they are read whole."""
+    await cur.execute(query, prepare=False)
+    rows = await cur.fetchall() if cur.description else []
+    if rows:
+        yield [d.name for d in cur.description or ()], rows
+
+
 def limits_sql(timeout: float | None, server_version: int) -> str:
     """``BEGIN READ ONLY`` plus SET LOCAL limits derived from a collector's timeout (D1)."""
     parts = ["BEGIN READ ONLY"]
@@ -132,7 +178,7 @@ def limits_sql(timeout: float | None, server_version: int) -> str:
 
 async def run_predicate(cur: psycopg.AsyncCursor[tuple[object, ...]], predicate: Predicate) -> bool:
     """True when the predicate holds; NULL, false or no row mean skip."""
-    await cur.execute(predicate.sql)
+    await cur.execute(predicate.sql, prepare=False)  # simple protocol: pgBouncer too
     if cur.description is None or len(cur.description) != 1:
         raise PredicateError(f"predicate {predicate.name!r} must return exactly one column")
     rows = await cur.fetchmany(2)

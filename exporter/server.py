@@ -54,6 +54,7 @@ class ServerOptions:
     tags: tuple[str, ...]
     disable_cache: bool
     max_series: int
+    pgbouncer: bool = False  # the target is pgBouncer's admin console (D4)
 
 
 @dataclass(slots=True)
@@ -113,7 +114,10 @@ class Server:
             )
             self.conn = await postgres.connect(conninfo, self.options.connect_timeout)
         try:
-            pre = await postgres.preflight(self.conn, is_main=self.is_main)
+            if self.options.pgbouncer:
+                pre = await postgres.pgbouncer_preflight(self.conn)
+            else:
+                pre = await postgres.preflight(self.conn, is_main=self.is_main)
         except psycopg.Error:
             await self.disconnect()
             raise
@@ -266,13 +270,17 @@ class Server:
         """
         assert self.facts is not None
         async with conn.cursor() as cur:
-            await postgres.begin(cur, collector, self.facts.version)
+            if self.options.pgbouncer:  # the console has no transactions or SET (D4)
+                rows = postgres.console_batches(cur, collector.query)
+            else:
+                await postgres.begin(cur, collector, self.facts.version)
+                rows = postgres.stream_batches(cur, collector.query)
             for predicate in collector.predicates:
                 if not await self._predicate(cur, collector, predicate):
                     return SKIPPED
             builder: SampleBuilder | None = None
             cap = collector.max_series or self.options.max_series
-            async with aclosing(postgres.stream_batches(cur, collector.query)) as batches:
+            async with aclosing(rows) as batches:
                 async for names, batch in batches:
                     if builder is None:
                         builder = SampleBuilder(collector, names, self.options.const_labels, cap)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.localbouncer import LocalPgBouncer
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg15_bindir, pg18_bindir
 
 HERE = Path(__file__).parent
@@ -53,3 +54,10 @@ def pg18_replica(pg18: LocalCluster) -> Iterator[LocalCluster]:
     replica = pg18.make_replica()
     yield replica
     replica.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer18(pg18: LocalCluster) -> Iterator[LocalPgBouncer]:
+    """pgBouncer (Debian's package) pooling pg18's ``postgres`` database."""
+    with LocalPgBouncer(pg18) as bouncer:
+        yield bouncer

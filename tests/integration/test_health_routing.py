@@ -7,13 +7,8 @@ the session's shared clusters are only read.
 from __future__ import annotations
 
 import asyncio
-import os
-import pwd
-import shutil
 import socket
 import statistics
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +30,8 @@ from exporter.health import (
     add_health_routes,
     health_context,
 )
-from exporter.localpg import SERVER_ACCOUNT, LocalCluster, pg18_bindir
+from exporter.localbouncer import LocalPgBouncer
+from exporter.localpg import LocalCluster, pg18_bindir
 from exporter.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
@@ -285,42 +281,9 @@ async def test_a_hung_server_reads_as_down_while_handlers_stay_fast(
 
 @contextmanager
 def _pgbouncer(cluster: LocalCluster) -> Iterator[tuple[str, Path]]:
-    """A pgBouncer (Debian package) in front of ``cluster``: its console URL and its log."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    assert Path(binary).is_file(), "pgbouncer is not installed: run scripts/setup"
-    # pgBouncer refuses to run as root: run it as the clusters' account then.
-    account = pwd.getpwnam(SERVER_ACCOUNT) if os.geteuid() == 0 else None
-    base = Path(tempfile.mkdtemp(prefix="health-pgbouncer-"))
-    port = _free_port()
-    (base / "users.txt").write_text('"pgbouncer" ""\n')
-    (base / "pgbouncer.ini").write_text(
-        f"[databases]\npostgres = host=127.0.0.1 port={cluster.port} dbname=postgres\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {base}/users.txt\nadmin_users = pgbouncer\n"
-        f"logfile = {base}/pgbouncer.log\n"
-    )
-    if account is not None:
-        for path in (base, *base.iterdir()):
-            os.chown(path, account.pw_uid, account.pw_gid)
-    process = subprocess.Popen(
-        [binary, str(base / "pgbouncer.ini")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        user=account.pw_uid if account else None,
-        group=account.pw_gid if account else None,
-        extra_groups=[] if account else None,
-    )
-    try:
-        _wait_listening(port, process)
-        yield (
-            f"postgresql://pgbouncer@127.0.0.1:{port}/pgbouncer?sslmode=disable",
-            base / "pgbouncer.log",
-        )
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        shutil.rmtree(base, ignore_errors=True)
+    """A pgBouncer in front of ``cluster``: its console URL and its log."""
+    with LocalPgBouncer(cluster) as bouncer:
+        yield bouncer.dsn(), bouncer.log_path
 
 
 def _free_port() -> int:
@@ -328,18 +291,6 @@ def _free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        assert process.poll() is None, f"pgbouncer exited with {process.returncode}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, "pgbouncer did not start listening"
-            time.sleep(0.02)
 
 
 async def test_pgbouncer_console_reads_as_up(

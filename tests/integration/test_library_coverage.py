@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -22,7 +17,8 @@ from pytest_aiohttp.plugin import AiohttpClient
 from exporter.cache import Outcome
 from exporter.definitions import Definitions
 from exporter.loading import load_definitions
-from exporter.localpg import SERVER_ACCOUNT, LocalCluster
+from exporter.localbouncer import LocalPgBouncer
+from exporter.localpg import LocalCluster
 from exporter.planning import ServerFacts, make_plan
 from exporter.samples import SampleBuilder
 from exporter.settings import with_sslmode
@@ -262,31 +258,10 @@ def _accepts(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def pgbouncer(pg18: LocalCluster) -> Iterator[int]:
-    """A pgBouncer (Debian's package, installed by scripts/setup) in front of pg18; its port."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    assert Path(binary).exists(), "pgbouncer is not installed: run scripts/setup"
-    port = _free_port()
-    # Under /tmp rather than pytest's private tmp_path: the server account must reach it.
-    with tempfile.TemporaryDirectory(prefix="libcov-pgbouncer-") as name:
-        directory = Path(name)
-        (directory / "pgbouncer.ini").write_text(
-            f"[databases]\n{DB} = host=127.0.0.1 port={pg18.port} dbname={DB} pool_size=3\n"
-            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = any\n"
-            f"admin_users = postgres\nunix_socket_dir =\npool_mode = transaction\n"
-            f"logfile = {directory / 'pgbouncer.log'}\n"
-        )
-        command = [binary, str(directory / "pgbouncer.ini")]
-        if os.geteuid() == 0:  # pgBouncer refuses to run as root
-            shutil.chown(directory, SERVER_ACCOUNT)
-            command[1:1] = ["-u", SERVER_ACCOUNT]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            wait_for(lambda: _accepts(port) or process.poll() is not None, "pgBouncer to listen")
-            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
-            yield port
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+    """A pgBouncer pooling pg18's application database; its port."""
+    _prepare(pg18)
+    with LocalPgBouncer(pg18, databases=(DB,)) as bouncer:
+        yield bouncer.port
 
 
 def _console(port: int) -> psycopg.Connection[tuple[object, ...]]:
