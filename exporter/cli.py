@@ -236,8 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(settings: Settings) -> int:
-    from exporter.loading import load_definitions
-    from exporter.validation import const_label_problems
+    from exporter.loading import load_for_settings
 
     log.info(
         "pg_exporter starting",
@@ -247,15 +246,7 @@ def _run(settings: Settings) -> int:
             "config": settings.config,
         },
     )
-    assert settings.config is not None  # parse_settings always resolves it
-    definitions = load_definitions(settings.config)
-    clashes = const_label_problems(
-        definitions.collectors,
-        (name for name, _ in settings.const_labels),
-        self_metrics=not settings.disable_intro,
-    )
-    if clashes:
-        raise ConfigError(clashes, "const labels conflict with collector labels")
+    definitions = load_for_settings(settings)
     for warning in definitions.warnings:
         log.warning(warning, extra={"config": settings.config})
     if settings.dry_run:

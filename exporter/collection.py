@@ -84,6 +84,7 @@ class Exporter:
         self.discovered: dict[str, Server] = {}
         self.lock = asyncio.Lock()
         self.stats = PassStats()
+        self.pending: Definitions | None = None  # reloaded, waiting for the next pass
 
     @property
     def servers(self) -> list[Server]:
@@ -124,7 +125,21 @@ class Exporter:
         finally:
             self.lock.release()
 
+    def schedule(self, definitions: Definitions) -> None:
+        """Use ``definitions`` from the next pass on; a pass in flight keeps the old ones."""
+        self.pending = definitions
+
+    def _apply_pending(self) -> None:
+        """Swap in reloaded definitions (under the lock): replan, forget caches and stats."""
+        definitions, self.pending = self.pending, None
+        if definitions is None:
+            return
+        self.definitions = definitions
+        for server in self.servers:
+            server.use(definitions)
+
     async def _pass(self, budget: Budget) -> Snapshot:
+        self._apply_pending()
         start = time.time()
         snapshot = Snapshot(families=[])
         failed = await self._scrape_into(self.main, budget, snapshot)
@@ -190,6 +205,7 @@ class Exporter:
     async def explain(self, budget: Budget) -> str:
         """The plan of every database, refreshing facts first."""
         async with self.lock:
+            self._apply_pending()
             parts: list[str] = []
             try:
                 await self.main.prepare()

@@ -22,7 +22,8 @@ from exporter.definitions import (
     Definitions,
 )
 from exporter.errors import ConfigError, Problem
-from exporter.validation import Notes, kind_of, read_branch
+from exporter.settings import Settings
+from exporter.validation import Notes, const_label_problems, kind_of, read_branch
 
 YAML_SUFFIXES = (".yml", ".yaml")
 _INT_TAG = "tag:yaml.org,2002:int"
@@ -189,3 +190,20 @@ def _read_file(path: str, index: int) -> ParsedDocument:
 
 def _ordered(collectors: Iterable[Collector]) -> tuple[Collector, ...]:
     return tuple(sorted(collectors, key=lambda c: (c.priority, c.key)))
+
+
+def load_for_settings(settings: Settings) -> Definitions:
+    """The definitions at ``settings.config``, checked against the const labels too.
+
+    Used at start and by reload, so both accept exactly the same configs.
+    """
+    assert settings.config is not None  # the CLI always resolves it
+    definitions = load_definitions(settings.config)
+    clashes = const_label_problems(
+        definitions.collectors,
+        (name for name, _ in settings.const_labels),
+        self_metrics=not settings.disable_intro,
+    )
+    if clashes:
+        raise ConfigError(clashes, "const labels conflict with collector labels")
+    return definitions

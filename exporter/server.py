@@ -299,8 +299,13 @@ class Server:
         self.predicates[key] = (value, self.clock())
         return value
 
-    def reset_statistics(self) -> None:
-        """Forget per-collector statistics (after a reload)."""
+    def use(self, definitions: Definitions) -> None:
+        """Take reloaded definitions: plan again on the next pass, with fresh caches and
+        statistics (a changed collector must not serve the old one's cached result)."""
+        self.definitions = definitions
+        self.plan = None
+        self.entries.clear()
+        self.predicates.clear()
         self.stats.clear()
 
 

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import html
 import logging
-import platform
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from aiohttp import web
 
-from exporter import __version__, systemd
+from exporter import systemd
 from exporter.admission import Admission
 from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, budget_seconds
 from exporter.collection import Exporter
@@ -21,9 +18,17 @@ from exporter.definitions import Definitions
 from exporter.errors import UsageError
 from exporter.exposition import Family, content_type, encode, negotiate, runtime_families
 from exporter.health import HEALTH_PATHS, HEALTH_PROBE, add_health_routes, health_context
+from exporter.pages import (
+    explain_handler,
+    landing_handler,
+    reload,
+    reload_handler,
+    stat_handler,
+    version_handler,
+)
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
-from exporter.stat import stat_text
+from exporter.state import STATE, State
 from exporter.webauth import install
 from exporter.webconfig import WebConfig, ssl_context
 
@@ -31,20 +36,6 @@ log = logging.getLogger(__name__)
 
 FIXED_ROUTES = ("/", "/version", "/explain", "/stat", "/reload", *HEALTH_PATHS)
 GZIP_LEVEL = 1  # metric text compresses well even at the cheapest level; CPU matters more
-
-
-@dataclass(slots=True)
-class State:
-    """Everything the handlers share, held on the application (no globals)."""
-
-    settings: Settings
-    definitions: Definitions
-    exporter: Exporter
-    admission: Admission
-    selfmetrics: SelfMetrics
-
-
-STATE = web.AppKey("state", State)
 
 
 def create_app(
@@ -69,6 +60,7 @@ def create_app(
     app.router.add_get("/version", version_handler)
     app.router.add_get("/explain", explain_handler)
     app.router.add_get("/stat", stat_handler)
+    app.router.add_route("*", "/reload", reload_handler)
     add_health_routes(app, HEALTH_PROBE)  # before the catch-all below
     app.router.add_route("*", "/{tail:.*}", landing_handler)
     install(app, web_config or WebConfig())
@@ -135,39 +127,6 @@ async def _write(request: web.Request, body: bytes, ctype: str) -> web.StreamRes
     await response.write(body)
     await response.write_eof()
     return response
-
-
-async def version_handler(request: web.Request) -> web.Response:
-    """Build and runtime version text."""
-    return web.Response(
-        text=f"pg_exporter {__version__} (python {platform.python_version()}, "
-        f"{platform.system().lower()}/{platform.machine()})\n"
-    )
-
-
-async def explain_handler(request: web.Request) -> web.Response:
-    """Planned collectors with their SQL, and why the others were not planned."""
-    state = request.app[STATE]
-    text = await state.exporter.explain(Budget.starting_now(budget_seconds(None)))
-    return web.Response(text=text or "nothing planned yet\n")
-
-
-async def stat_handler(request: web.Request) -> web.Response:
-    """Per-collector statistics as a text table."""
-    state = request.app[STATE]
-    return web.Response(text=stat_text(state.exporter))
-
-
-async def landing_handler(request: web.Request) -> web.Response:
-    """A small page linking everything the exporter serves."""
-    path = request.app[STATE].settings.telemetry_path
-    links = [path, "/explain", "/stat", "/version", "/up", "/primary", "/replica"]
-    items = "".join(f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in links)
-    page = (
-        "<!doctype html><html><head><title>pg_exporter</title></head><body>"
-        f"<h1>pg_exporter {html.escape(__version__)}</h1><ul>{items}</ul></body></html>"
-    )
-    return web.Response(text=page, content_type="text/html")
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
@@ -238,6 +197,8 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[tuple[bool, str]]] = set()  # keep references until done
+    loop.add_signal_handler(signal.SIGHUP, _reload_soon, app[STATE], reloads)
     systemd.ready()
     interval = systemd.watchdog_interval()
     # Pinged from the event loop itself, so a wedged loop stops the pings and
@@ -250,6 +211,13 @@ async def _serve(
     if watchdog is not None:
         watchdog.cancel()
     return 0
+
+
+def _reload_soon(state: State, tasks: set[asyncio.Task[tuple[bool, str]]]) -> None:
+    """SIGHUP: reload like ``/reload`` does, in a task of the event loop."""
+    task = asyncio.get_running_loop().create_task(reload(state))
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 async def _first_contact(exporter: Exporter, settings: Settings) -> bool:

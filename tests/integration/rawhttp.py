@@ -67,6 +67,7 @@ class RawClient:
         headers: dict[str, str] | None = None,
         *,
         receive_buffer: int | None = None,
+        method: str = "GET",
     ) -> RawClient:
         """Connect and send a GET; a small receive buffer makes a slow reader."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -75,7 +76,7 @@ class RawClient:
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
         reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
-        lines = [f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
+        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
         await writer.drain()

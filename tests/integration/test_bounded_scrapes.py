@@ -20,7 +20,7 @@ import pytest
 
 from exporter.cache import Outcome
 from exporter.localpg import LocalCluster
-from exporter.web import STATE
+from exporter.state import STATE
 from tests.integration.helpers import (
     exporter_backends,
     settings_for,

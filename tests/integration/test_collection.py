@@ -13,7 +13,8 @@ from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.localpg import LocalCluster
-from exporter.web import STATE, create_app
+from exporter.state import STATE
+from exporter.web import create_app
 from tests.integration.helpers import (
     exporter_backends,
     samples,

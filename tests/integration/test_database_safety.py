@@ -18,7 +18,7 @@ import pytest
 from exporter.cache import Outcome
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from exporter.server import Server
-from exporter.web import STATE
+from exporter.state import STATE
 from tests.integration.helpers import exporter_backends, settings_for, value, write_collectors
 from tests.integration.rawhttp import Served, get, poll_async, serving
 

@@ -13,7 +13,8 @@ from exporter.cache import Outcome
 from exporter.loading import load_definitions
 from exporter.localpg import LocalCluster
 from exporter.settings import with_sslmode
-from exporter.web import STATE, create_app
+from exporter.state import STATE
+from exporter.web import create_app
 from tests.integration.helpers import COLLECTORS, samples, settings_for, value, wait_for
 from tests.promtool import unexpected_problems
 

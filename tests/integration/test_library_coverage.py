@@ -22,7 +22,8 @@ from exporter.localpg import LocalCluster
 from exporter.planning import ServerFacts, make_plan
 from exporter.samples import SampleBuilder
 from exporter.settings import with_sslmode
-from exporter.web import STATE, create_app
+from exporter.state import STATE
+from exporter.web import create_app
 from tests.integration.helpers import COLLECTORS, samples, settings_for, value, wait_for
 from tests.promtool import unexpected_problems
 

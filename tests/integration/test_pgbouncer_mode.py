@@ -12,7 +12,8 @@ from exporter.cache import Outcome
 from exporter.loading import load_definitions
 from exporter.localbouncer import LocalPgBouncer
 from exporter.settings import Settings
-from exporter.web import STATE, create_app
+from exporter.state import STATE
+from exporter.web import create_app
 from tests.integration.helpers import COLLECTORS, samples, value
 
 

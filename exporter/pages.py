@@ -1,0 +1,103 @@
+"""Pages for operators: landing, version, /explain, /stat and /reload.
+
+``/explain`` and ``/stat`` are plain text, or a readable HTML page when a browser
+asks for one. Reload validates the whole new config before anything changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import platform
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.budget import Budget, budget_seconds
+from exporter.errors import ConfigError
+from exporter.loading import load_for_settings
+from exporter.stat import stat_text
+from exporter.state import STATE, State
+
+log = logging.getLogger(__name__)
+
+
+async def version_handler(request: web.Request) -> web.Response:
+    """Build and runtime version text."""
+    return web.Response(
+        text=f"pg_exporter {__version__} (python {platform.python_version()}, "
+        f"{platform.system().lower()}/{platform.machine()})\n"
+    )
+
+
+async def explain_handler(request: web.Request) -> web.Response:
+    """Planned collectors with their SQL, and why the others were not planned."""
+    state = request.app[STATE]
+    text = await state.exporter.explain(Budget.starting_now(budget_seconds(None)))
+    return _text_or_html(request, "explain", text or "nothing planned yet\n")
+
+
+async def stat_handler(request: web.Request) -> web.Response:
+    """Per-collector statistics as a text table."""
+    return _text_or_html(request, "stat", stat_text(request.app[STATE].exporter))
+
+
+def _text_or_html(request: web.Request, title: str, text: str) -> web.Response:
+    """Plain text, or the same text as a page when a browser prefers HTML."""
+    if "text/html" not in request.headers.get("Accept", ""):
+        return web.Response(text=text)
+    page = (
+        f"<!doctype html><html><head><meta charset=utf-8><title>pg_exporter {title}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}pre{font-size:13px}</style></head>"
+        f'<body><p><a href="/">pg_exporter</a> / {title}</p><pre>{html.escape(text)}</pre>'
+        "</body></html>"
+    )
+    return web.Response(text=page, content_type="text/html")
+
+
+LINKS = ("/explain", "/stat", "/version", "/up", "/primary", "/replica", "/reload")
+
+
+async def landing_handler(request: web.Request) -> web.Response:
+    """A small page linking everything the exporter serves (unknown paths show it too)."""
+    path = request.app[STATE].settings.telemetry_path
+    items = "".join(
+        f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in (path, *LINKS)
+    )
+    page = (
+        "<!doctype html><html><head><title>pg_exporter</title></head><body>"
+        f"<h1>pg_exporter {html.escape(__version__)}</h1><ul>{items}</ul></body></html>"
+    )
+    return web.Response(text=page, content_type="text/html")
+
+
+async def reload_handler(request: web.Request) -> web.Response:
+    """GET or POST: load and check the config again; 500 keeps the running one."""
+    if request.method not in ("GET", "POST"):
+        raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+    ok, message = await reload(request.app[STATE])
+    return web.Response(status=200 if ok else 500, text=message + "\n")
+
+
+async def reload(state: State) -> tuple[bool, str]:
+    """Validate the whole config, then use it from the next pass (also on SIGHUP).
+
+    On any problem nothing changes: the running config keeps serving, and the
+    reasons are logged and returned.
+    """
+    try:
+        definitions = await asyncio.to_thread(load_for_settings, state.settings)
+    except ConfigError as exc:
+        log.error("reload failed, the running config stays: %s", exc)
+        return False, f"reload failed, the running config stays:\n{exc}"
+    state.exporter.schedule(definitions)
+    state.definitions = definitions
+    message = (
+        f"reloaded {len(definitions.collectors)} collectors from {state.settings.config}; "
+        "they apply from the next pass"
+    )
+    log.info(message)
+    for warning in definitions.warnings:
+        log.warning(warning)
+    return True, message

@@ -1,0 +1,27 @@
+"""What the web handlers share, held on the aiohttp application (no globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from exporter.admission import Admission
+from exporter.collection import Exporter
+from exporter.definitions import Definitions
+from exporter.selfmetrics import SelfMetrics
+from exporter.settings import Settings
+
+
+@dataclass(slots=True)
+class State:
+    """Everything the handlers share, held on the application (no globals)."""
+
+    settings: Settings
+    definitions: Definitions
+    exporter: Exporter
+    admission: Admission
+    selfmetrics: SelfMetrics
+
+
+STATE = web.AppKey("state", State)
