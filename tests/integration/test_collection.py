@@ -252,9 +252,9 @@ async def test_writing_collector_is_refused(
 async def test_discovery_adds_and_drops_databases(
     aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
 ) -> None:
-    """Discovered databases are scraped without cluster branches and dropped when gone."""
+    """A database created while the exporter runs is scraped from the next pass on, without
+    cluster branches, and dropped from the pass when it is gone."""
     dbname = f"disc_{uuid.uuid4().hex[:8]}"
-    pg18.psql(f"CREATE DATABASE {dbname}")
     text = """
     perdb:
       query: SELECT current_database() AS datname, 1 AS one
@@ -278,6 +278,8 @@ async def test_discovery_adds_and_drops_databases(
         exclude_databases=("template0", "template1"),
         include_databases=("postgres", dbname),
     )
+    assert math.isnan(value(await _scrape(client), "perdb_one", datname=dbname))
+    pg18.psql(f"CREATE DATABASE {dbname}")
     body = await _scrape(client)
     assert value(body, "perdb_one", datname=dbname) == 1
     assert value(body, "perdb_one", datname="postgres") == 1
