@@ -5,16 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exporter.budget import DEFAULT_BUDGET, Budget, budget_seconds
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import FakeClock
 
 
 @pytest.mark.parametrize(

@@ -31,19 +31,10 @@ from exporter.health import (
     health_context,
 )
 from exporter.settings import Settings
+from tests.clock import FakeClock
 
 Client = TestClient[web.Request, web.Application]
 URL = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,17 @@ what ran by reading ``cluster.log_text()``; they listen on random free ports.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from exporter.localbouncer import LocalPgBouncer
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg15_bindir, pg18_bindir
+from tests.integration.helpers import settings_for, write_collectors
+from tests.integration.rawhttp import Served, Start, serving
 
 HERE = Path(__file__).parent
 
@@ -61,3 +65,18 @@ def pgbouncer18(pg18: LocalCluster) -> Iterator[LocalPgBouncer]:
     """pgBouncer (Debian's package) pooling pg18's ``postgres`` database."""
     with LocalPgBouncer(pg18) as bouncer:
         yield bouncer
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Start]:
+    """Serve collectors from YAML text against a cluster, with the production runner;
+    discovery off unless asked. Every server stops at the end of the test."""
+    async with AsyncExitStack() as stack:
+
+        async def _start(cluster: LocalCluster, text: str, **overrides: object) -> Served:
+            definitions = write_collectors(tmp_path, text)
+            settings = replace(settings_for(cluster), auto_discovery=False)
+            settings = replace(settings, **overrides)  # type: ignore[arg-type]
+            return await stack.enter_async_context(serving(settings, definitions))
+
+        yield _start

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -37,6 +37,9 @@ async def serving(settings: Settings, definitions: Definitions) -> AsyncIterator
         yield Served(app, port)
     finally:
         await runner.cleanup()
+
+
+Start = Callable[..., Awaitable[Served]]  # the ``start`` fixture: (cluster, yaml, **settings)
 
 
 @dataclass

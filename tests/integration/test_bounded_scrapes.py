@@ -11,10 +11,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -23,12 +19,10 @@ from exporter.localpg import LocalCluster
 from exporter.state import STATE
 from tests.integration.helpers import (
     exporter_backends,
-    settings_for,
     statement_calls,
     value,
-    write_collectors,
 )
-from tests.integration.rawhttp import RawClient, Served, get, poll, poll_async, serving
+from tests.integration.rawhttp import RawClient, Served, Start, get, poll, poll_async
 
 pytestmark = pytest.mark.concurrency
 
@@ -76,23 +70,6 @@ def _entry_outcome(served: Served, key: str) -> Outcome | None:
 
 def _admitted(served: Served) -> int:
     return served.app[STATE].admission.active
-
-
-Start = Callable[..., Awaitable[Served]]
-
-
-@pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Start]:
-    """Serve collectors from YAML text against a cluster; every server stops at the end."""
-    async with AsyncExitStack() as stack:
-
-        async def _start(cluster: LocalCluster, text: str, **overrides: object) -> Served:
-            definitions = write_collectors(tmp_path, text)
-            settings = replace(settings_for(cluster), auto_discovery=False)
-            settings = replace(settings, **overrides)  # type: ignore[arg-type]
-            return await stack.enter_async_context(serving(settings, definitions))
-
-        yield _start
 
 
 async def test_overlapping_scrapes_share_one_execution_and_third_is_refused(

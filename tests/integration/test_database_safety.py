@@ -7,10 +7,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -19,24 +16,8 @@ from exporter.cache import Outcome
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from exporter.server import Server
 from exporter.state import STATE
-from tests.integration.helpers import exporter_backends, settings_for, value, write_collectors
-from tests.integration.rawhttp import Served, get, poll_async, serving
-
-Start = Callable[..., Awaitable[Served]]
-
-
-@pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Start]:
-    """Serve collectors from YAML text against a cluster; every server stops at the end."""
-    async with AsyncExitStack() as stack:
-
-        async def _start(cluster: LocalCluster, text: str, **overrides: object) -> Served:
-            definitions = write_collectors(tmp_path, text)
-            settings = replace(settings_for(cluster), auto_discovery=False)
-            settings = replace(settings, **overrides)  # type: ignore[arg-type]
-            return await stack.enter_async_context(serving(settings, definitions))
-
-        yield _start
+from tests.integration.helpers import exporter_backends, value
+from tests.integration.rawhttp import Served, Start, get, poll_async
 
 
 def _outcome(served: Served, key: str, datname: str | None = None) -> Outcome | None:
