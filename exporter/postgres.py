@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import psycopg
-from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
@@ -243,13 +242,6 @@ async def settle(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
     except psycopg.Error:
         return False
     return conn.info.transaction_status == TransactionStatus.IDLE
-
-
-def is_connection_lost(exc: BaseException) -> bool:
-    """True for errors after which the connection cannot be trusted."""
-    return isinstance(exc, psycopg.OperationalError | pgerrors.AdminShutdown) and not isinstance(
-        exc, pgerrors.QueryCanceled | pgerrors.LockNotAvailable
-    )
 
 
 async def close_quietly(conn: psycopg.AsyncConnection[tuple[object, ...]] | None) -> None:
