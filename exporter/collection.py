@@ -23,6 +23,9 @@ from exporter.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: How long shutdown waits for a pass in flight before cancelling it (seconds).
+SHUTDOWN_GRACE = 10.0
+
 _REASONS = {"budget": "the request's budget ran out", "client": "the client went away"}
 
 
@@ -85,6 +88,8 @@ class Exporter:
         self.lock = asyncio.Lock()
         self.stats = PassStats()
         self.pending: Definitions | None = None  # reloaded, waiting for the next pass
+        self._passes: set[asyncio.Task[Snapshot]] = set()  # at most one; kept for shutdown
+        self._closing = False
 
     @property
     def servers(self) -> list[Server]:
@@ -110,6 +115,8 @@ class Exporter:
         # No await between acquiring and handing over: the task owns the lock from here.
         task = asyncio.create_task(self._locked_pass(budget))
         task.add_done_callback(_report_orphan_failure)
+        self._passes.add(task)
+        task.add_done_callback(self._passes.discard)
         try:
             snapshot = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -197,8 +204,24 @@ class Exporter:
                 name, self.options, self.definitions, is_main=False, clock=self.clock
             )
 
-    async def close(self) -> None:
-        """Close every connection."""
+    async def close(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """Let a pass in flight end (within ``grace`` seconds), then close every connection.
+
+        A pass still running after that is cancelled: its queries are cancelled in the
+        server, so no backend is left working for an exporter that has gone. Closing
+        twice is harmless: the lock stays taken, so no pass starts after the first.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            async with asyncio.timeout(grace):
+                await self.lock.acquire()
+        except TimeoutError:
+            log.warning("a collection pass outlived the shutdown grace; cancelling it")
+            for task in self._passes:
+                task.cancel()
+            await asyncio.gather(*self._passes, return_exceptions=True)
         for server in self.servers:
             await server.disconnect()
 

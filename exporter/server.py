@@ -230,7 +230,12 @@ class Server:
             log.warning(
                 "collector failed: %s",
                 error,
-                extra={"collector": collector.key, "datname": self.label, "outcome": outcome.value},
+                extra={
+                    "collector": collector.key,
+                    "datname": self.label,
+                    "outcome": outcome.value,
+                    "duration": round(duration, 4),
+                },
             )
         return Entry(families, outcome, self.clock(), duration, series, error)
 

@@ -35,6 +35,7 @@ from exporter.webconfig import WebConfig, ssl_context
 log = logging.getLogger(__name__)
 
 FIXED_ROUTES = ("/", "/version", "/explain", "/stat", "/reload", *HEALTH_PATHS)
+SHUTDOWN_TIMEOUT = 10.0  # seconds for responses in flight to finish on SIGTERM
 GZIP_LEVEL = 1  # metric text compresses well even at the cheapest level; CPU matters more
 
 
@@ -135,7 +136,15 @@ def make_runner(app: web.Application) -> web.AppRunner:
     # which stops waiting for the lock at once (B5) and tells the pass, which runs in a
     # task of its own, to start nothing new; a bounded collector in flight is shielded
     # and finishes (B11).
-    return web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    # On SIGTERM, handlers still running after SHUTDOWN_TIMEOUT are cancelled; the
+    # exporter then waits for its pass (SHUTDOWN_GRACE) and closes its connections.
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+    )
 
 
 def validate_telemetry_path(path: str) -> None:
