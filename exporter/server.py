@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -192,8 +193,10 @@ class Server:
             stats.record(Outcome.CACHED)
         else:
             entry = await self.refresh(collector, budget)
-            self.entries[collector.key] = entry
             stats.record(entry.outcome, duration=entry.duration, series=entry.series)
+            if self.conn is None:  # the connection died under this collector (D7, D8)
+                self._lost(collector, entry)
+            self.entries[collector.key] = entry
             if entry.outcome.failed and collector.fatal:
                 log.error(
                     "fatal collector failed: %s",
@@ -205,6 +208,19 @@ class Server:
                 f"fatal collector {collector.key} failed on {self.label}: {entry.error}"
             )
         return entry
+
+    def _lost(self, collector: Collector, entry: Entry) -> NoReturn:
+        """Stop this database's pass: the collectors after this one have no connection.
+
+        A plain error here is the dead connection's doing, not the collector's, so it is
+        not cached: the collector runs again on the next pass, which reconnects. A timeout
+        or a cancellation stays cached as usual (B14, D11).
+        """
+        if entry.outcome is not Outcome.ERROR:
+            self.entries[collector.key] = entry
+        raise psycopg.OperationalError(
+            f"connection to {self.label} lost during collector {collector.key}: {entry.error}"
+        )
 
     async def refresh(self, collector: Collector, budget: Budget) -> Entry:
         """Run one collector and build its families; never raises for collector failures."""
