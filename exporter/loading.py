@@ -43,7 +43,8 @@ class _Loader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
-        for key_node, _ in node.value:
+        pairs = node.value if isinstance(node, yaml.MappingNode) else []  # e.g. !!set [1]
+        for key_node, _ in pairs:
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 if key_node.value in seen:
                     self.duplicates.append((key_node.value, key_node.start_mark.line + 1))
@@ -121,8 +122,9 @@ def read_document(text: str, source: str, file_index: int) -> ParsedDocument:
 
 def _parse_yaml(text: str, notes: Notes) -> Any:
     """The document's data, or None after noting a syntax error (with its line)."""
-    loader = _Loader(text)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)  # refuses control characters already
         data = loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -130,8 +132,17 @@ def _parse_yaml(text: str, notes: Notes) -> Any:
         detail = getattr(exc, "problem", None) or str(exc)
         notes.error(where, f"malformed YAML: {detail}; fix the syntax (indentation, quoting)")
         return None
+    except RecursionError:
+        notes.error("", "malformed YAML: nested too deeply to read")
+        return None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        # PyYAML's constructors raise plain exceptions for values they cannot build:
+        # 2001-13-45 (read as a date), !!int abc, !!bool maybe, !!int ''.
+        notes.error("", f"malformed YAML: a value cannot be read ({exc!r}); quote it as text")
+        return None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     for key, line in loader.duplicates:
         notes.warn(f"line {line}", f"key {key!r} appears twice in one mapping; the last one wins")
     return data

@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import math
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -397,8 +398,10 @@ def _read_tags(notes: Notes, where: str, raw: object) -> tuple[str, ...]:
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
-    """True for YAML integers and floats; booleans are not numbers here."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """True for YAML integers and floats that fit a float; booleans are not numbers here."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, float) or abs(value) <= sys.float_info.max
 
 
 def kind_of(value: object) -> str:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import logging
+import resource
 import signal
 from collections.abc import AsyncIterator
 
@@ -124,9 +126,12 @@ async def _write(request: web.Request, body: bytes, ctype: str) -> web.StreamRes
         body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         response.headers["Content-Encoding"] = "gzip"
     response.content_length = len(body)
-    await response.prepare(request)
-    await response.write(body)
-    await response.write_eof()
+    try:
+        await response.prepare(request)
+        await response.write(body)
+        await response.write_eof()
+    except ConnectionError:  # the client left as the answer started: not a server error
+        request.app[STATE].admission.note_interrupted("client")
     return response
 
 
@@ -179,7 +184,17 @@ def run(settings: Settings, definitions: Definitions, web_config: WebConfig | No
     except UsageError as exc:
         log.error(str(exc))
         return 1
+    _raise_fd_limit()
     return asyncio.run(_serve(settings, definitions, addresses, web_config or WebConfig()))
+
+
+def _raise_fd_limit() -> None:
+    """Use the hard limit of open files, as Go programs do: every client holds a socket,
+    and systemd's soft default (1024) lets ~1000 idle or slowloris clients block scrapes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 async def _serve(
