@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.cluster import REPO, free_port
+from bench.cluster import REPO
 from bench.measure import Scrape, scrape
 from bench.workload import ConfigFiles
+from exporter.localpg import free_port
 
 OURS = "ours"
 GO_PEER = "go"

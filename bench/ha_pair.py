@@ -45,21 +45,18 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir  # noqa: E402
+from exporter.localpg import (  # noqa: E402
+    VERBOSE_LOG_SETTINGS,
+    LocalCluster,
+    free_port,
+    pg18_bindir,
+)
 
 INTERVAL = 1.0
 SCRAPE_TIMEOUT = 0.9  # below the 1 s interval, with room for a 0.6 s collector on a busy machine
 CACHED_TTL = 5.0
 HEADER = "x-prometheus-scrape-timeout-seconds"
 OUT_OF_BUDGET = b"budget ran out"
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def until(check: Callable[[], bool], what: str, within: float) -> None:

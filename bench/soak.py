@@ -31,7 +31,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from exporter.localpg import LocalCluster, pg18_bindir  # noqa: E402
+from exporter.localpg import LocalCluster, free_port, pg18_bindir  # noqa: E402
 from tests.integration.helpers import value  # noqa: E402
 from tests.integration.rawhttp import RawClient, get  # noqa: E402
 
@@ -176,14 +175,6 @@ def least_squares_slope(points: Sequence[tuple[float, float]]) -> float:
 
 
 # --- the exporter process and what we read from it -----------------------------------
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class ExporterProcess:

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir  # noqa: E402
+from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir  # noqa: E402
 from tests.integration.helpers import statement_calls, value  # noqa: E402
 from tests.integration.rawhttp import RawClient, get  # noqa: E402
 
@@ -50,13 +50,6 @@ def _sleeper(key: str, marker: str, seconds: float, timeout: float, ttl: float) 
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def _until(check: Callable[[], bool], limit: float = 30.0) -> float:
     """Seconds until ``check`` holds (polled off the event loop)."""
     start = time.monotonic()
@@ -78,7 +71,7 @@ def _active(cluster: LocalCluster, marker: str) -> bool:
 @asynccontextmanager
 async def exporter(cluster: LocalCluster, config: str) -> AsyncIterator[int]:
     """The exporter as a process serving ``config``; yields its port."""
-    port = _free_port()
+    port = free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as handle:
         handle.write(config)
     process = await asyncio.create_subprocess_exec(

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from exporter.localpg import LocalCluster, LocalPgError
+from exporter.localpg import LocalCluster, LocalPgError, free_port
 
 SERVER_ACCOUNT = "pgtest"  # pgBouncer refuses to run as root, like PostgreSQL
 START_TIMEOUT = 30.0
@@ -42,7 +42,7 @@ class LocalPgBouncer:
         if not Path(binary).is_file():
             raise LocalPgError("pgbouncer is not installed: run scripts/setup")
         self.base_dir = Path(tempfile.mkdtemp(prefix="localbouncer-"))
-        self.port = _free_port()
+        self.port = free_port()
         (self.base_dir / "pgbouncer.ini").write_text(self._config())
         command = [binary, str(self.base_dir / "pgbouncer.ini")]
         if os.geteuid() == 0:
@@ -97,10 +97,3 @@ class LocalPgBouncer:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

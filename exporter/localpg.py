@@ -86,7 +86,7 @@ class LocalCluster:
         self._base = base_dir
         self._owns_base = base_dir is None
         self._fixed_port = port is not None
-        self.port = port if port is not None else _free_port()
+        self.port = port if port is not None else free_port()
         self._settings = dict(settings)
         self._replicas: list[LocalCluster] = []
         self._running = False
@@ -222,7 +222,7 @@ class LocalCluster:
                 taken = "could not bind" in self.log_text()
                 if self._fixed_port or not taken or attempt == 2:
                     raise LocalPgError(f"{error}\n--- server log ---\n{self._log_tail()}") from None
-                self.port = _free_port()
+                self.port = free_port()
 
     def _write_settings(self) -> None:
         """Our settings live in localpg.conf, included last from postgresql.conf."""
@@ -366,7 +366,8 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for throw-away servers)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from exporter import systemd
+from exporter.localpg import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE = 30.0  # seconds; generous for a busy CI machine
@@ -30,13 +31,6 @@ def notify_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
         sock.settimeout(DEADLINE)
         monkeypatch.setenv("NOTIFY_SOCKET", str(path))
         yield sock
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_ready_reaches_a_filesystem_socket(notify_socket: socket.socket) -> None:
@@ -142,7 +136,7 @@ def test_the_exporter_notifies_ready_watchdog_and_stopping(
     notify_socket: socket.socket, tmp_path: Path
 ) -> None:
     """Serving: READY=1 once it listens, WATCHDOG=1 pings, STOPPING=1 and exit 0 on SIGTERM."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "NOTIFY_SOCKET": notify_socket.getsockname(),

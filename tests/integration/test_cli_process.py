@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -13,15 +12,8 @@ import urllib.request
 import pytest
 
 from exporter.cli import main
-from exporter.localpg import LocalCluster
+from exporter.localpg import LocalCluster, free_port
 from tests.integration.helpers import COLLECTORS, REPO, value, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -48,7 +40,7 @@ def test_explain_prints_plan_with_reasons(
 
 def test_explain_unreachable_target_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     """--explain against nothing exits 1 with the masked URL, never the password."""
-    url = f"postgresql://u:hunter2@127.0.0.1:{_free_port()}/postgres"
+    url = f"postgresql://u:hunter2@127.0.0.1:{free_port()}/postgres"
     assert main(["--explain", "-u", url, "-c", str(COLLECTORS)]) == 1
     err = capsys.readouterr().err
     assert "hunter2" not in err
@@ -57,7 +49,7 @@ def test_explain_unreachable_target_exits_1(capsys: pytest.CaptureFixture[str]) 
 
 def test_process_serves_and_stops_on_sigterm(pg18: LocalCluster) -> None:
     """``python -m exporter`` serves the default library and exits 0 on SIGTERM."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "exporter", "-u", pg18.dsn(), "-c", str(COLLECTORS),
          "--web.listen-address", f"127.0.0.1:{port}", "-T", "5000", "--log.format", "json"],
@@ -84,8 +76,8 @@ def test_process_serves_and_stops_on_sigterm(pg18: LocalCluster) -> None:
 def test_fail_fast_exits_2_when_target_unreachable() -> None:
     """--fail-fast with an unreachable target exits 2 at start."""
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "-u", f"postgresql://127.0.0.1:{_free_port()}/x",
-         "-c", str(COLLECTORS), "--web.listen-address", f"127.0.0.1:{_free_port()}", "-f"],
+        [sys.executable, "-m", "exporter", "-u", f"postgresql://127.0.0.1:{free_port()}/x",
+         "-c", str(COLLECTORS), "--web.listen-address", f"127.0.0.1:{free_port()}", "-f"],
         cwd=REPO, capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr.decode()

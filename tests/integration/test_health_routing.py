@@ -7,7 +7,6 @@ the session's shared clusters are only read.
 from __future__ import annotations
 
 import asyncio
-import socket
 import statistics
 import time
 import uuid
@@ -284,13 +283,6 @@ def _pgbouncer(cluster: LocalCluster) -> Iterator[tuple[str, Path]]:
     """A pgBouncer in front of ``cluster``: its console URL and its log."""
     with LocalPgBouncer(cluster) as bouncer:
         yield bouncer.dsn(), bouncer.log_path
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def test_pgbouncer_console_reads_as_up(

@@ -242,13 +242,6 @@ async def test_branches_skipped_by_default_still_run_for_a_superuser(
 # --- pgBouncer: the SHOW commands of the 09xx files against a real pgBouncer ----------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from exporter.definitions import Definitions
 from exporter.health import HEALTH_PATHS
-from exporter.localpg import LocalCluster, pg18_bindir
+from exporter.localpg import LocalCluster, free_port, pg18_bindir
 from exporter.settings import Settings
 from exporter.state import STATE
 from exporter.web import create_app, make_runner
@@ -223,15 +223,6 @@ async def test_idle_keepalive_connections_do_not_stop_scrapes(
                 writer.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _lower_soft_nofile(soft: int) -> None:
     """In the child: a low soft limit below a high hard one, as systemd gives (1024:524288)."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -249,7 +240,7 @@ async def test_many_connections_within_the_hard_fd_limit_do_not_stop_scrapes(
     """
     config = tmp_path / "c.yml"
     config.write_text(COLLECTOR)
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "exporter.log").open("wb")
     process = subprocess.Popen(  # noqa: ASYNC220 (started once, before the event loop matters)
         [sys.executable, "-m", "exporter", "-u", cluster.dsn(), "-c", str(config),
