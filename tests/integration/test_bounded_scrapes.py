@@ -290,3 +290,28 @@ async def test_real_failures_still_count_when_not_interrupted(
         value(response.text, "pg_exporter_query_outcome_total", query="fatal", outcome="timeout")
         == 1
     )
+
+
+async def test_budget_ending_during_predicate_still_runs_main_query(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """A request that ends while a bounded collector's predicate runs does not cut the
+    collector between its predicate and its main query (B13, B11)."""
+    m = f"m{uuid.uuid4().hex[:10]}"
+    text = f"""
+    gated:
+      query: SELECT 1 AS {m}
+      ttl: 60
+      timeout: 5
+      predicate_queries:
+        - {{name: slow_check, predicate_query: "SELECT pg_sleep(0.6) IS NOT NULL"}}
+      metrics:
+        - {m}: {{usage: GAUGE, description: probe}}
+    """
+    served = await start(pg18, text)
+    short = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.2"})
+    assert short.status == 503  # the budget ended during the predicate
+    assert statement_calls(pg18, m) == 1  # yet the main query ran right after it
+    after = await get(served.port)
+    assert value(after.text, f"gated_{m}") == 1
+    assert statement_calls(pg18, m) == 1  # and its result was cached

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -50,4 +49,3 @@ async def test_close_cancels_a_pass_that_outlives_the_grace(
     assert exporter.main.conn is None
     busy = f"state = 'active' AND query LIKE '%{m}%'"
     await poll_async(lambda: exporter_backends(pg18, busy) == 0, "the query to be cancelled")
-    await asyncio.sleep(0)  # let done callbacks run before the fixture stops the server
