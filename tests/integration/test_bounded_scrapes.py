@@ -315,3 +315,21 @@ async def test_budget_ending_during_predicate_still_runs_main_query(
     after = await get(served.port)
     assert value(after.text, f"gated_{m}") == 1
     assert statement_calls(pg18, m) == 1  # and its result was cached
+
+
+async def test_waiting_for_the_pass_spends_the_same_budget(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """A request waiting behind another's pass gives up when its own budget is spent, with
+    503 and no SQL of its own (B5, B8)."""
+    m = f"m{uuid.uuid4().hex[:10]}"
+    served = await start(pg18, _sleeper("slow", m, 2, timeout=5, ttl=0))
+    first = await RawClient.send(served.port)
+    await poll_async(lambda: _running(pg18, m), "the first pass to run the query")
+    started = time.monotonic()
+    waiter = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.3"})
+    waited = time.monotonic() - started
+    assert waiter.status == 503
+    assert waited < 1.5  # its own 0.3 s budget, not the 2 s pass ahead of it
+    assert (await first.response()).status == 200
+    assert statement_calls(pg18, m) == 1

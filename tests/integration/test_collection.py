@@ -117,7 +117,8 @@ async def test_cached_collector_runs_once_within_ttl(
 async def test_slow_collector_times_out_without_blanking_others(
     aiohttp_client: AiohttpClient, pg: LocalCluster, tmp_path: Path
 ) -> None:
-    """A collector over its timeout publishes nothing, the others do, and no backend stays busy."""
+    """A collector over its timeout publishes nothing, the others do, no backend stays busy,
+    and the failure is cached rather than retried at once (B14, B15, D11)."""
     text = """
     fast:
       query: SELECT 1 AS one

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -232,3 +233,26 @@ async def test_password_never_shown(
     errors = [e.error for e in served.app[STATE].exporter.main.entries.values()]
     everything = "\n".join([*bodies, *errors, caplog.text])
     assert secret not in everything
+
+
+async def test_connecting_is_bounded_by_connect_timeout(pg18: LocalCluster, start: Start) -> None:
+    """Against a server that accepts and never answers, connecting gives up after
+    --connect-timeout: the scrape answers pg_up 0 long before its 30 s budget (D6)."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        served = await start(
+            pg18, _one("simple", "SELECT 1 AS v"), connect_timeout=0.5,
+            url=f"postgresql://postgres@127.0.0.1:{port}/postgres?sslmode=disable",
+        )  # fmt: skip
+        began = time.monotonic()
+        response = await get(served.port)
+        assert response.status == 200
+        assert value(response.text, "pg_up") == 0
+        assert time.monotonic() - began < 5  # the 0.5 s connect timeout, with margin
+    finally:
+        server.close()

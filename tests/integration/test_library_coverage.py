@@ -169,7 +169,7 @@ def _has(body: str, name: str, **labels: str) -> bool:
 async def test_whole_library_runs_clean_on_primary(
     aiohttp_client: AiohttpClient, pg: LocalCluster, user: str, promtool: str
 ) -> None:
-    """On 18 and 15, every planned collector succeeds as superuser and as pg_monitor."""
+    """On 18 and 15, every planned collector succeeds as superuser and as pg_monitor (D13)."""
     _prepare(pg)
     scrape = await _scrape(aiohttp_client, pg, user, _definitions())
     _report(f"PostgreSQL {pg.version} primary as {user}", scrape)
