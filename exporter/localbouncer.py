@@ -7,13 +7,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 
-from exporter.localpg import LocalCluster, LocalPgError, free_port
+# pgBouncer refuses to run as root, like PostgreSQL: the same account runs both.
+from exporter.localpg import SERVER_ACCOUNT, LocalCluster, LocalPgError, free_port, wait_until
 
-SERVER_ACCOUNT = "pgtest"  # pgBouncer refuses to run as root, like PostgreSQL
 START_TIMEOUT = 30.0
 
 
@@ -24,12 +23,14 @@ class LocalPgBouncer:
         self.cluster = cluster
         self.databases = databases
         self.port = 0
-        self.base_dir = Path()
+        self.base_dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def log_path(self) -> Path:
         """pgBouncer's own log file."""
+        if self.base_dir is None:
+            raise LocalPgError("pgbouncer has not been started")
         return self.base_dir / "pgbouncer.log"
 
     def dsn(self, dbname: str = "pgbouncer") -> str:
@@ -38,18 +39,27 @@ class LocalPgBouncer:
 
     def start(self) -> None:
         """Write a config, start pgBouncer and wait until it accepts connections."""
-        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-        if not Path(binary).is_file():
-            raise LocalPgError("pgbouncer is not installed: run scripts/setup")
         self.base_dir = Path(tempfile.mkdtemp(prefix="localbouncer-"))
         self.port = free_port()
         (self.base_dir / "pgbouncer.ini").write_text(self._config())
-        command = [binary, str(self.base_dir / "pgbouncer.ini")]
         if os.geteuid() == 0:
             shutil.chown(self.base_dir, SERVER_ACCOUNT)
+        self.launch()
+
+    def launch(self) -> None:
+        """Start pgBouncer on the written config (again, after a stop of the process)."""
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not Path(binary).is_file():
+            raise LocalPgError("pgbouncer is not installed: run scripts/setup")
+        assert self.base_dir is not None, "start() writes the config first"
+        command = [binary, str(self.base_dir / "pgbouncer.ini")]
+        if os.geteuid() == 0:
             command[1:1] = ["-u", SERVER_ACCOUNT]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._wait_listening()
+        # In the foreground pgBouncer also logs every line to stderr: a file, never a pipe
+        # nobody reads, which would block pgBouncer once its buffer is full.
+        with (self.base_dir / "stderr.log").open("ab") as stderr:
+            self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        wait_until(self._listening, "pgbouncer listening", START_TIMEOUT)
 
     def _config(self) -> str:
         pools = "".join(
@@ -63,19 +73,14 @@ class LocalPgBouncer:
             f"logfile = {self.log_path}\n"
         )
 
-    def _wait_listening(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                stderr = self._process.stderr.read().decode() if self._process.stderr else ""
-                raise LocalPgError(f"pgbouncer exited at start: {stderr.strip()}")
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            if time.monotonic() > deadline:
-                raise LocalPgError("pgbouncer did not start listening")
-            time.sleep(0.05)  # polling interval of a start-up wait with a deadline
+    def _listening(self) -> bool:
+        assert self._process is not None
+        assert self.base_dir is not None
+        if self._process.poll() is not None:
+            stderr = (self.base_dir / "stderr.log").read_text(errors="replace")
+            raise LocalPgError(f"pgbouncer exited at start: {stderr.strip()[-2000:]}")
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
 
     def stop(self) -> None:
         """Stop pgBouncer and remove its directory."""
@@ -87,10 +92,16 @@ class LocalPgBouncer:
                 self._process.kill()
                 self._process.wait()
         self._process = None
-        shutil.rmtree(self.base_dir, ignore_errors=True)
+        if self.base_dir is not None:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+            self.base_dir = None
 
     def __enter__(self) -> LocalPgBouncer:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # a start that failed half-way leaves no process or directory
+            raise
         return self
 
     def __exit__(

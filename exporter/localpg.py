@@ -178,7 +178,7 @@ class LocalCluster:
         replica._run([*args, "-p", str(self.port), "-U", "postgres"])
         replica.start()
         query = "SELECT status FROM pg_stat_wal_receiver"
-        _poll(lambda: replica.psql(query) == "streaming", "the replica to stream")
+        wait_until(lambda: replica.psql(query) == "streaming", "the replica to stream")
         return replica
 
     def __enter__(self) -> LocalCluster:
@@ -374,7 +374,7 @@ def free_port() -> int:
         return port
 
 
-def _poll(check: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+def wait_until(check: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
     """Wait until check() holds, polling, or fail after timeout seconds."""
     deadline = time.monotonic() + timeout
     while not check():

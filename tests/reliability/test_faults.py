@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
-import subprocess
 import textwrap
 import threading
 import time
@@ -36,7 +34,7 @@ import pytest
 from aiohttp import web
 
 from exporter.loading import load_definitions
-from exporter.localbouncer import SERVER_ACCOUNT, LocalPgBouncer
+from exporter.localbouncer import LocalPgBouncer
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from exporter.settings import Settings, with_sslmode
 from exporter.state import STATE
@@ -409,14 +407,6 @@ class RestartableBouncer(LocalPgBouncer):
         process.terminate()
         process.wait(timeout=30)
 
-    def resume(self) -> None:
-        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-        command = [binary, str(self.base_dir / "pgbouncer.ini")]
-        if os.geteuid() == 0:
-            command[1:1] = ["-u", SERVER_ACCOUNT]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._wait_listening()
-
 
 async def test_pgbouncer_restart(cluster: LocalCluster, tmp: Path) -> None:
     """pgBouncer stops and starts again on the same port: pgbouncer_up 0 meanwhile (200),
@@ -434,7 +424,7 @@ async def test_pgbouncer_restart(cluster: LocalCluster, tmp: Path) -> None:
                 for _ in range(2):
                     status, body = await scrape(port)
                     assert (status, metric(body, "pgbouncer_up")) == (200, 0), body[:300]
-                await asyncio.to_thread(bouncer.resume)
+                await asyncio.to_thread(bouncer.launch)
                 ended = time.monotonic()
                 passes = await recover(port, "pgbouncer_up")
                 record("pgBouncer restart", time.monotonic() - ended, passes)
