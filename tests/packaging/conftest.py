@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -42,11 +41,10 @@ TIMEOUT = 600  # seconds for a build or an apt-get run
 
 @dataclass(frozen=True, slots=True)
 class Built:
-    """The packages scripts/packages made, and how long it took."""
+    """The packages scripts/packages made."""
 
     deb: Path
     rpm: Path
-    seconds: float
 
 
 def run(
@@ -95,19 +93,17 @@ def tools() -> None:
 @pytest.fixture(scope="session")
 def built(tools: None) -> Built:
     """Both packages, freshly built by ``scripts/packages`` from this checkout."""
-    started = time.monotonic()
     run("bash", REPO / "scripts" / "packages", cwd=REPO)
-    seconds = time.monotonic() - started
     deb = DIST / f"pg-exporter_{VERSION}-1_amd64.deb"
     rpm = DIST / f"pg-exporter-{VERSION}-1.x86_64.rpm"
     assert deb.is_file(), sorted(p.name for p in DIST.iterdir())
     assert rpm.is_file(), sorted(p.name for p in DIST.iterdir())
-    return Built(deb=deb, rpm=rpm, seconds=seconds)
+    return Built(deb=deb, rpm=rpm)
 
 
 @pytest.fixture(scope="session")
-def installed(built: Built) -> Iterator[float]:
-    """The .deb installed with apt-get (seconds it took); purged at the end of the session."""
+def installed(built: Built) -> Iterator[None]:
+    """The .deb installed with apt-get; purged at the end of the session."""
     if deb_installed("pg-exporter") and not MARKER.exists():
         pytest.fail(
             "pg-exporter is already installed and not by these tests; they would purge it: "
@@ -115,10 +111,8 @@ def installed(built: Built) -> Iterator[float]:
         )
     purge_pg_exporter()
     MARKER.touch()
-    started = time.monotonic()
     run("apt-get", "install", "-y", "-q", str(built.deb), env=APT_ENV)
-    seconds = time.monotonic() - started
-    yield seconds
+    yield
     purge_pg_exporter()
 
 
@@ -141,14 +135,6 @@ def read_env_file(path: Path) -> dict[str, str]:
             value = value[1:-1]
         variables[name.strip()] = value
     return variables
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _metrics(port: int) -> str | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.localpg import LocalCluster
+from exporter.localpg import LocalCluster, free_port
 from tests.integration.helpers import samples, value
 from tests.packaging.conftest import (
     APT_ENV,
@@ -23,7 +23,6 @@ from tests.packaging.conftest import (
     VERSION,
     Built,
     deb_installed,
-    free_port,
     purge_pg_exporter,
     read_env_file,
     run,
@@ -87,7 +86,7 @@ def test_payload_is_pure_python_but_for_bcrypt_abi3(built: Built) -> None:
     assert not [path for path in members if "__pycache__" in path or path.endswith(".pyc")]
 
 
-def test_installed_launcher_reports_its_version_quickly(installed: float) -> None:
+def test_installed_launcher_reports_its_version_quickly(installed: None) -> None:
     """/usr/bin/pg_exporter --version runs on Debian's python3, well under a second each."""
     times = []
     for _ in range(3):
@@ -99,7 +98,7 @@ def test_installed_launcher_reports_its_version_quickly(installed: float) -> Non
     assert statistics.median(times) < 1.0, times  # 0.14 s measured; wide margin for busy CI
 
 
-def test_install_compiles_bytecode_for_the_target_python(installed: float) -> None:
+def test_install_compiles_bytecode_for_the_target_python(installed: None) -> None:
     """postinst leaves byte-code for Debian's python3, which the service user could not write."""
     tag = run("/usr/bin/python3", "-c", "import sys; print(sys.implementation.cache_tag)")
     for module in ("exporter/cli", "aiohttp/web", "psycopg/connection"):
@@ -110,7 +109,7 @@ def test_install_compiles_bytecode_for_the_target_python(installed: float) -> No
 
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["as-prometheus", "unit-sandbox"])
 def test_installed_exporter_scrapes_with_the_env_file(
-    installed: float, cluster: LocalCluster, sandboxed: bool
+    installed: None, cluster: LocalCluster, sandboxed: bool
 ) -> None:
     """As user prometheus, with the installed env file: pg_up 1 and no collector errors."""
     env = {"PATH": "/usr/bin:/bin", **read_env_file(ENV_FILE)}
@@ -150,14 +149,14 @@ def test_sandbox_really_refuses_what_the_unit_forbids(tools: None) -> None:
     assert int(uid) != 0
 
 
-def test_installed_unit_verifies(installed: float) -> None:
+def test_installed_unit_verifies(installed: None) -> None:
     """systemd-analyze verify finds nothing to say about the installed unit."""
     done = run("systemd-analyze", "verify", UNIT)
     assert done.stdout.strip() == ""
     assert done.stderr.strip() == ""
 
 
-def test_installed_unit_exposure_is_at_most_2(installed: float) -> None:
+def test_installed_unit_exposure_is_at_most_2(installed: None) -> None:
     """systemd-analyze security --offline=yes rates the unit's exposure 2.0 or less."""
     out = run("systemd-analyze", "security", "--offline=yes", "--no-pager", UNIT).stdout
     match = re.search(r"Overall exposure level for pg_exporter\.service: (\d+\.\d)", out)
@@ -178,7 +177,7 @@ def _next_revision(deb: Path, workdir: Path) -> Path:
     return upgrade
 
 
-def test_upgrade_keeps_edited_configuration(installed: float, built: Built, tmp_path: Path) -> None:
+def test_upgrade_keeps_edited_configuration(installed: None, built: Built, tmp_path: Path) -> None:
     """Edited collector and env files survive an upgrade; the new version runs at once."""
     collector = CONFIG_DIR / "0110-pg.yml"
     edited_collector = collector.read_text() + "\n# edited by the site\n"
@@ -195,7 +194,7 @@ def test_upgrade_keeps_edited_configuration(installed: float, built: Built, tmp_
     assert list(SITE.glob("exporter/__pycache__/cli.*.pyc"))  # compiled again after prerm
 
 
-def test_launcher_ignores_python_environment_variables(installed: float) -> None:
+def test_launcher_ignores_python_environment_variables(installed: None) -> None:
     """PYTHONPATH and friends from an operator's shell cannot change what the launcher runs."""
     shadow = Path(os.environ.get("TMPDIR", "/tmp")) / f"pg-exporter-shadow-{os.getpid()}"
     (shadow / "exporter").mkdir(parents=True, exist_ok=True)
@@ -213,7 +212,7 @@ def test_launcher_ignores_python_environment_variables(installed: float) -> None
 
 
 def test_purge_removes_everything_and_a_reinstall_starts_fresh(
-    installed: float, built: Built
+    installed: None, built: Built
 ) -> None:
     """Purge leaves no file or directory of ours (the shared user stays); reinstall is clean."""
     purge_pg_exporter()
