@@ -43,7 +43,7 @@ def test_interruption_reports_budget_then_client() -> None:
     budget = Budget.starting_now(5.0, client_gone=lambda: gone, clock=clock)
     assert budget.interruption() is None
     assert budget.remaining() == pytest.approx(5.0)
-    clock.now += 5.0
+    clock.advance(5.0)
     assert budget.interruption() == "budget"
     assert budget.remaining() == 0.0
     gone = True

@@ -91,9 +91,9 @@ def test_stale_snapshot_reads_as_unknown() -> None:
     clock = FakeClock()
     probe = HealthProbe(URL, 0.5, interval=1.0, clock=clock)
     probe.snapshot = HealthSnapshot(Status.PRIMARY, clock.now)
-    clock.now += probe.stale_after
+    clock.advance(probe.stale_after)
     assert probe.current().status is Status.PRIMARY
-    clock.now += 0.01
+    clock.advance(0.01)
     stale = probe.current()
     assert stale.status is Status.UNKNOWN
     assert stale.checked_at == probe.snapshot.checked_at
@@ -212,9 +212,7 @@ async def test_a_silent_server_is_down_after_the_connect_timeout() -> None:
 async def test_a_refused_connection_is_down_at_once() -> None:
     """Nothing listening: DOWN with the reason, well within the timeout."""
     loop = asyncio.get_running_loop()
-    async with _listener(_never_answer) as url:
-        pass  # the port is free again once the listener is closed
-    probe = HealthProbe(url, 5.0)
+    probe = HealthProbe(URL, 5.0)  # port 1: nothing listens there
     started = loop.time()
     snapshot = await probe.probe_once()
     assert snapshot.status is Status.DOWN
@@ -257,8 +255,19 @@ async def test_an_unexpected_error_is_down_and_logged(caplog: pytest.LogCaptureF
     assert "failed unexpectedly" in caplog.text
 
 
-async def test_probes_never_overlap_and_keep_the_interval() -> None:
-    """run() starts one probe per interval, even when a probe takes most of it."""
+@pytest.mark.parametrize(
+    ("takes", "interval", "low", "high"),
+    [
+        # Longer than the interval: the next starts when it ends, never alongside.
+        pytest.param(0.15, 0.1, 0.14, 0.5, id="probe-longer-than-interval"),
+        # Shorter: starts are one interval apart, not probe + interval (0.8 s).
+        pytest.param(0.3, 0.5, 0.49, 0.7, id="probe-within-interval"),
+    ],
+)
+async def test_probes_never_overlap_and_keep_the_interval(
+    takes: float, interval: float, low: float, high: float
+) -> None:
+    """run() starts one probe per interval, and a slow probe delays the next, never overlaps."""
     loop = asyncio.get_running_loop()
     starts: list[float] = []
     running = 0
@@ -271,23 +280,23 @@ async def test_probes_never_overlap_and_keep_the_interval() -> None:
         running += 1
         peak = max(peak, running)
         try:
-            await asyncio.sleep(0.08)
+            await asyncio.sleep(takes)  # the probe's work
             raise psycopg.OperationalError("refused")
         finally:
             running -= 1
             if len(starts) >= 4:
                 enough.set()
 
-    probe = HealthProbe(URL, 1.0, interval=0.1, connector=slow)
+    probe = HealthProbe(URL, 1.0, interval=interval, connector=slow)
     task = asyncio.create_task(probe.run())
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(10):
         await enough.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert peak == 1
-    assert all(0.09 <= gap < 0.5 for gap in gaps), gaps
+    assert all(low <= gap < high for gap in gaps), gaps
 
 
 async def test_context_runs_the_probe_for_the_app_lifetime(aiohttp_client: AiohttpClient) -> None:

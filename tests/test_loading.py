@@ -14,16 +14,16 @@ from exporter.loading import load_definitions, parse_document, read_document
 GAUGE_ONLY = "metrics: [{v: {usage: GAUGE}}]"
 
 
-def parse(text: str, source: str = "c.yml", index: int = 0) -> list[Collector]:
+def parse(text: str, index: int = 0) -> list[Collector]:
     """Branches of a document that must be valid."""
-    collectors, problems = parse_document(textwrap.dedent(text), source, index)
+    collectors, problems = parse_document(textwrap.dedent(text), "c.yml", index)
     assert problems == []
     return collectors
 
 
-def problems_of(text: str, source: str = "c.yml") -> dict[str, str]:
+def problems_of(text: str) -> dict[str, str]:
     """Problems of a document that must be invalid, by location."""
-    collectors, problems = parse_document(textwrap.dedent(text), source, 0)
+    collectors, problems = parse_document(textwrap.dedent(text), "c.yml", 0)
     assert problems, "expected at least one problem"
     assert collectors == []
     return {problem.location: problem.message for problem in problems}

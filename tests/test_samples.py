@@ -29,10 +29,9 @@ def _render(
     names: Sequence[str],
     rows: Sequence[Sequence[object]],
     const_labels: Sequence[tuple[str, str]] = (),
-    max_series: int | None = None,
 ) -> str:
     """Build, finish and encode in the text format."""
-    builder = SampleBuilder(collector, names, const_labels, max_series)
+    builder = SampleBuilder(collector, names, const_labels, None)
     builder.add_rows(list(rows))
     return encode(builder.finish(), Format.TEXT).decode()
 
@@ -394,8 +393,11 @@ def test_series_cap_counts_plain_and_histogram_series() -> None:
         exact.add_rows([("c", 3, 3)])
 
 
-def test_series_cap_raises_before_rendering() -> None:
-    """A batch over the cap is refused whole: no partial lines end up in the families."""
+def test_series_cap_raises_for_a_batch_that_crosses_it() -> None:
+    """A batch that crosses the cap raises, though the builder was under it before (D9).
+
+    Nothing of that execution is published (the builder is unusable after the error):
+    ``test_over_series_cap_fails_cleanly_and_stops_the_query`` shows it against PostgreSQL."""
     collector = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE))
     builder = SampleBuilder(collector, ["k", "v"], [], max_series=3)
     builder.add_rows([("a", 1)])
