@@ -110,7 +110,8 @@ class Exporter:
             async with asyncio.timeout(budget.remaining()):  # B5, B8
                 await self.lock.acquire()
         except TimeoutError:
-            return Snapshot([], interrupted="budget", shared=shared, waited=budget.remaining())
+            waited = self.clock() - waited_from
+            return Snapshot([], interrupted="budget", shared=shared, waited=waited)
         waited = self.clock() - waited_from
         # No await between acquiring and handing over: the task owns the lock from here.
         task = asyncio.create_task(self._locked_pass(budget))
@@ -147,7 +148,7 @@ class Exporter:
 
     async def _pass(self, budget: Budget) -> Snapshot:
         self._apply_pending()
-        start = time.time()
+        start = self.clock()
         snapshot = Snapshot(families=[])
         failed = await self._scrape_into(self.main, budget, snapshot)
         if self.main.up and snapshot.interrupted is None:
@@ -170,8 +171,8 @@ class Exporter:
 
     def _account(self, start: float, *, failed: bool, interrupted: str | None) -> None:
         self.stats.scrapes += 1
-        self.stats.last_scrape_time = time.time()
-        self.stats.last_duration = self.stats.last_scrape_time - start
+        self.stats.last_scrape_time = time.time()  # wall clock: a timestamp for people
+        self.stats.last_duration = self.clock() - start
         if interrupted is not None:  # B18: once, at INFO, and not an error
             log.info(
                 "collection round interrupted: %s",
@@ -222,30 +223,43 @@ class Exporter:
             for task in self._passes:
                 task.cancel()
             await asyncio.gather(*self._passes, return_exceptions=True)
+            await self.lock.acquire()  # released by the cancelled pass: keep it taken
         for server in self.servers:
             await server.disconnect()
 
     async def explain(self, budget: Budget) -> str:
-        """The plan of every database, refreshing facts first."""
-        async with self.lock:
+        """The plan of every database, refreshing facts first, within ``budget``.
+
+        Like a scrape, it waits for a pass in flight only as long as its budget lasts
+        and preflights each database at most once, cancelled when the budget ends.
+        """
+        try:
+            async with asyncio.timeout(budget.remaining()):
+                await self.lock.acquire()
+        except TimeoutError:
+            return "a collection pass is still running; try again\n"
+        try:
             self._apply_pending()
-            parts: list[str] = []
             try:
-                await self.main.prepare()
+                await self.main.prepare_within(budget)
                 await self._sync_discovered()
             except Exception as exc:  # any failure becomes text for the operator
                 return f"cannot reach the target database: {exc}\n"
-            for server in self.servers:
+            parts = [explain_text(self.main.plan)] if self.main.plan is not None else []
+            for server in self.servers[1:]:
                 if budget.interruption():
+                    parts.append("(the request's budget ran out before the other databases)\n")
                     break
                 try:
-                    await server.prepare()
+                    await server.prepare_within(budget)
                 except Exception as exc:
                     parts.append(f"database {server.label}: cannot plan: {exc}\n")
                     continue
                 if server.plan is not None:
                     parts.append(explain_text(server.plan))
             return "\n".join(parts)
+        finally:
+            self.lock.release()
 
 
 async def explain_main(settings: Settings, definitions: Definitions) -> int:

@@ -92,7 +92,6 @@ async def reload(state: State) -> tuple[bool, str]:
         log.error("reload failed, the running config stays: %s", exc)
         return False, f"reload failed, the running config stays:\n{exc}"
     state.exporter.schedule(definitions)
-    state.definitions = definitions
     message = (
         f"reloaded {len(definitions.collectors)} collectors from {state.settings.config}; "
         "they apply from the next pass"

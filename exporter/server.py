@@ -63,7 +63,6 @@ class ServerResult:
     """What one database's part of a pass produced."""
 
     families: list[Family] = field(default_factory=list)
-    up: bool = False
     error: str = ""  # connection/preflight or fatal collector failure
     interrupted: str | None = None  # "budget" or "client" when the request stopped the walk
 
@@ -158,17 +157,27 @@ class Server:
         self.last_duration = self.clock() - start
         self.total_seconds += self.last_duration
         self.scrape_count += 1
-        result.up = self.up
+        if result.error and result.interrupted is None:
+            # A collector cut short because the request ended fails too; that is an
+            # interrupted round, not an error (B18), as the pass itself decides.
+            result.interrupted = budget.interruption()
         if result.error and result.interrupted is None:
             self.error_count += 1
         return result
 
+    async def prepare_within(self, budget: Budget) -> None:
+        """prepare(), cancelled when the request ends (B9); raises RequestEnded then."""
+        try:
+            await until_request_ends(self.prepare(), budget)
+        except RequestEnded:
+            await self.disconnect()  # cancelled mid-connect or mid-preflight: start clean
+            raise
+
     async def _scrape_prepared(self, budget: Budget, result: ServerResult) -> None:
         try:
-            await until_request_ends(self.prepare(), budget)  # B9
+            await self.prepare_within(budget)  # B9
         except RequestEnded as ended:
             result.interrupted = ended.reason
-            await self.disconnect()  # cancelled mid-connect or mid-preflight: start clean
             return
         self.up = True
         assert self.plan is not None
@@ -197,7 +206,8 @@ class Server:
             if self.conn is None:  # the connection died under this collector (D7, D8)
                 self._lost(collector, entry)
             self.entries[collector.key] = entry
-            if entry.outcome.failed and collector.fatal:
+            # Cancelled means the request ended: logged at INFO above, not an error (B18).
+            if entry.outcome.failed and collector.fatal and entry.outcome is not Outcome.CANCELLED:
                 log.error(
                     "fatal collector failed: %s",
                     entry.error,

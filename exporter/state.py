@@ -8,7 +8,6 @@ from aiohttp import web
 
 from exporter.admission import Admission
 from exporter.collection import Exporter
-from exporter.definitions import Definitions
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 
@@ -18,7 +17,6 @@ class State:
     """Everything the handlers share, held on the application (no globals)."""
 
     settings: Settings
-    definitions: Definitions
     exporter: Exporter
     admission: Admission
     selfmetrics: SelfMetrics

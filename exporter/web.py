@@ -52,7 +52,6 @@ def create_app(
     exporter = Exporter(settings, definitions)
     app[STATE] = State(
         settings=settings,
-        definitions=definitions,
         exporter=exporter,
         admission=Admission(),
         selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
@@ -80,7 +79,7 @@ async def metrics_handler(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     with state.admission.slot() as admitted:  # released on every exit path (B3)
         if not admitted:  # B1, D12: at once, no SQL, no queueing
-            return web.Response(status=503, text=_BUSY)
+            return web.Response(status=503, text=_BUSY.format(state.admission.limit))
         budget = Budget.starting_now(
             budget_seconds(request.headers.get(SCRAPE_TIMEOUT_HEADER)),
             client_gone=lambda: _client_gone(request),
@@ -99,7 +98,7 @@ async def metrics_handler(request: web.Request) -> web.StreamResponse:
         return await _write(request, body, content_type(fmt))  # lock already released (B20)
 
 
-_BUSY = "too many concurrent scrapes (2 are being served); try again later\n"
+_BUSY = "too many concurrent scrapes ({} are being served); try again later\n"
 _OUT_OF_BUDGET = (
     "the scrape's budget ran out before the collection pass finished; "
     "collectors that completed are cached for the next scrape\n"

@@ -189,6 +189,27 @@ async def test_hang_up_during_bounded_collector_completes_and_caches(
     assert interrupted[0].levelno == logging.INFO
 
 
+async def test_hang_up_during_unbounded_fatal_collector_is_no_error(
+    pg: LocalCluster, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fatal collector cancelled because its client left fails the database's round,
+    yet neither the pass nor the database counts it as an error: it was interrupted (B18)."""
+    caplog.set_level(logging.INFO, logger="exporter")
+    m = _marker()
+    served = await start(pg, _sleeper("doomed", m, 5, timeout=-1, ttl=60, fatal=True))
+    leaver = await RawClient.send(served.port)
+    await poll_async(lambda: _running(pg, m), "the unbounded collector to run")
+    leaver.hang_up()
+    await poll(lambda: _entry_outcome(served, "doomed") is Outcome.CANCELLED, "the cancel")
+    exporter = served.app[STATE].exporter
+    await poll(lambda: not exporter.lock.locked(), "the pass to end")
+    assert exporter.stats.errors == 0  # pg_exporter_scrape_error_count
+    assert exporter.main.error_count == 0  # pg_exporter_server_scrape_error_count
+    interrupted = [r for r in caplog.records if "interrupted" in r.getMessage()]
+    assert len(interrupted) == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 async def test_hang_up_cancels_unbounded_collector_in_postgres(
     pg: LocalCluster, start: Start
 ) -> None:
@@ -202,7 +223,8 @@ async def test_hang_up_cancels_unbounded_collector_in_postgres(
     await poll(lambda: _entry_outcome(served, "forever") is Outcome.CANCELLED, "the cancel")
     busy = "state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
     await poll_async(lambda: exporter_backends(pg, busy) == 0, "no busy backend", within=10)
-    assert "57014" in pg.log_text()
+    # This query's own cancel: the log's STATEMENT line carries the SQLSTATE and the marker.
+    assert any("57014" in line and m in line for line in pg.log_text().splitlines())
     for _ in range(2):  # within the TTL: served without it, not re-run (B14)
         again = await get(served.port)
         assert again.status == 200

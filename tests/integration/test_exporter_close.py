@@ -47,5 +47,6 @@ async def test_close_cancels_a_pass_that_outlives_the_grace(
     client.hang_up()
     assert time.monotonic() - began < 10  # not the 30 s query
     assert exporter.main.conn is None
+    assert exporter.lock.locked(), "no pass may start on a closed exporter"
     busy = f"state = 'active' AND query LIKE '%{m}%'"
     await poll_async(lambda: exporter_backends(pg18, busy) == 0, "the query to be cancelled")

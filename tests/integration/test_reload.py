@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.budget import Budget
 from exporter.loading import load_definitions
 from exporter.localpg import LocalCluster
 from exporter.state import STATE
@@ -118,6 +119,24 @@ async def test_explain_and_stat_render_html_for_browsers(
         assert page.headers["Content-Type"].startswith("text/html")
         assert "<pre>" in page.text
         assert "first" in page.text
+
+
+async def test_explain_waits_for_a_pass_only_within_its_budget(
+    served_dir: tuple[Served, Path],
+) -> None:
+    """/explain behind a pass that holds the lock answers when its budget ends, and then
+    plans again once the lock is free: like a scrape, it waits within its budget (B5)."""
+    served, _ = served_dir
+    exporter = served.app[STATE].exporter
+    await exporter.lock.acquire()  # a pass that outlives the budget
+    try:
+        started = time.monotonic()
+        busy = await exporter.explain(Budget.starting_now(0.3))
+        assert time.monotonic() - started < 0.3 + 2.0
+        assert "still running" in busy
+    finally:
+        exporter.lock.release()
+    assert "first" in await exporter.explain(Budget.starting_now(10))
 
 
 def test_sighup_reloads_a_running_process(pg18: LocalCluster, tmp_path: Path) -> None:
