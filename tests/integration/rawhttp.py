@@ -14,6 +14,7 @@ from aiohttp import web
 from exporter.definitions import Definitions
 from exporter.settings import Settings
 from exporter.web import create_app, make_runner
+from exporter.webconfig import WebConfig
 
 
 @dataclass
@@ -25,9 +26,11 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(settings: Settings, definitions: Definitions) -> AsyncIterator[Served]:
+async def serving(
+    settings: Settings, definitions: Definitions, web_config: WebConfig | None = None
+) -> AsyncIterator[Served]:
     """Serve the exporter with the same runner options as production."""
-    app = create_app(settings, definitions)
+    app = create_app(settings, definitions, web_config)
     runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

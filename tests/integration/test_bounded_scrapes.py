@@ -87,6 +87,7 @@ async def test_overlapping_scrapes_share_one_execution_and_third_is_refused(
     third = await get(served.port)
     assert third.status == 503
     assert time.monotonic() - started < 0.5  # answered at once, not after the pass
+    assert served.app[STATE].exporter.lock.locked(), "answered while the pass still ran"
     a, b = await first.response(), await second.response()
     assert (a.status, b.status) == (200, 200)
     assert value(a.text, f"slow_{m}") == 1
@@ -319,7 +320,7 @@ async def test_budget_ending_during_predicate_still_runs_main_query(
 ) -> None:
     """A request that ends while a bounded collector's predicate runs does not cut the
     collector between its predicate and its main query (B13, B11)."""
-    m = f"m{uuid.uuid4().hex[:10]}"
+    m = _marker()
     text = f"""
     gated:
       query: SELECT 1 AS {m}
@@ -344,7 +345,7 @@ async def test_waiting_for_the_pass_spends_the_same_budget(
 ) -> None:
     """A request waiting behind another's pass gives up when its own budget is spent, with
     503 and no SQL of its own (B5, B8)."""
-    m = f"m{uuid.uuid4().hex[:10]}"
+    m = _marker()
     served = await start(pg18, _sleeper("slow", m, 2, timeout=5, ttl=0))
     first = await RawClient.send(served.port)
     await poll_async(lambda: _running(pg18, m), "the first pass to run the query")
@@ -353,5 +354,6 @@ async def test_waiting_for_the_pass_spends_the_same_budget(
     waited = time.monotonic() - started
     assert waiter.status == 503
     assert waited < 1.5  # its own 0.3 s budget, not the 2 s pass ahead of it
+    assert served.app[STATE].exporter.lock.locked(), "answered while the pass still ran"
     assert (await first.response()).status == 200
     assert statement_calls(pg18, m) == 1

@@ -306,10 +306,11 @@ async def test_lost_connection_is_replaced_on_next_pass(
     """
     client = await _client(aiohttp_client, pg, text, tmp_path)
     assert value(await _scrape(client), "pg_up") == 1
-    pg.psql(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+    killed = pg.psql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE application_name = 'pg_exporter'"
     )
+    assert int(killed) >= 1, "nothing was terminated: the test would prove nothing"
     bodies = [await _scrape(client) for _ in range(2)]
     assert value(bodies[-1], "pg_up") == 1
     assert value(bodies[-1], "simple_one") == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -114,8 +115,11 @@ async def test_server_side_limit_stops_query_without_client_deadline(
     response = await asyncio.wait_for(get(served.port), 4)  # far below the 5 s sleep
     assert response.status == 200
     assert _outcome(served, "sleepy") is Outcome.TIMEOUT
-    log_lines = [line for line in pg.log_text().splitlines() if "statement timeout" in line]
-    assert log_lines, "the server did not report the statement timeout"
+    # The ERROR line and the STATEMENT line after it: this query's timeout, not another's.
+    pairs = itertools.pairwise(pg.log_text().splitlines())
+    assert any("statement timeout" in error and marker in query for error, query in pairs), (
+        "the server did not report this query's statement timeout"
+    )
 
 
 async def test_connections_stay_within_budget_under_a_burst(
@@ -206,11 +210,12 @@ async def test_restart_and_terminated_backends_recover(
     passes = [await get(served.port) for _ in range(2)]
     assert value(passes[-1].text, "pg_up") == 1
     assert value(passes[-1].text, "simple_v") == 1
-    await asyncio.to_thread(
+    killed = await asyncio.to_thread(
         own_cluster.psql,
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE application_name = 'pg_exporter'",
     )
+    assert int(killed) >= 1, "nothing was terminated: the test would prove nothing"
     passes = [await get(served.port) for _ in range(2)]
     assert value(passes[-1].text, "pg_up") == 1
     await poll_async(lambda: exporter_backends(own_cluster) == 1, "one connection for the pass")

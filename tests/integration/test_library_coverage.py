@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -240,14 +239,6 @@ async def test_branches_skipped_by_default_still_run_for_a_superuser(
 
 
 # --- pgBouncer: the SHOW commands of the 09xx files against a real pgBouncer ----------
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

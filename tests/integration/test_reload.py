@@ -98,6 +98,7 @@ async def test_reload_waits_for_no_pass_and_breaks_none(pg18: LocalCluster, tmp_
         status, _ = await _reload(served)
         assert status == 200
         assert time.monotonic() - started < 0.5  # did not wait for the pass
+        assert exporter.lock.locked(), "answered while the pass still ran"
         old = (await in_flight.response()).text
         assert value(old, f"slow_{m}") == 1
         assert "added_b" not in old

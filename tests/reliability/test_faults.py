@@ -38,6 +38,7 @@ from exporter.localbouncer import LocalPgBouncer
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from exporter.settings import Settings, with_sslmode
 from exporter.state import STATE
+from tests.integration.rawhttp import poll as wait_async
 from tests.reliability.test_shutdown import backends, http_get, poll, start_exporter
 
 pytestmark = pytest.mark.pg
@@ -252,6 +253,8 @@ async def test_terminate_backends_between_passes(cluster: LocalCluster, tmp: Pat
         status, body = await scrape(port)
         assert (status, metric(body, "pg_up")) == (200, 1)
         tasks = len(asyncio.all_tasks())
+        # Both connections exist before the kill: the health probe's may still be opening.
+        await asyncio.to_thread(poll, lambda: backends(cluster) == 2, "two backends", 10)
         with HealthTimer(port) as health:
             killed = await asyncio.to_thread(
                 cluster.psql,
@@ -274,9 +277,9 @@ async def test_terminate_backend_mid_collector_recovers_within_two_passes(
     """The connection is killed while a collector runs. The collectors after it in that pass
     must not be cached as failed for their TTL: within two passes every collector is back.
 
-    Fails today: Server._execute finds no connection for every later collector, and each
-    "no connection" failure is cached for its TTL (60 s here), so the series stay missing
-    while pg_up says 1.
+    The regression it guards: every later collector found no connection, and each "no
+    connection" failure was cached for its TTL (60 s here), so the series stayed missing
+    while pg_up said 1.
     """
     slow, later = new_marker(), new_marker()
     config = collectors(tmp, sleeper(slow, 1.5, timeout=5) + quick(later, ttl=60, priority=90))
@@ -356,7 +359,7 @@ async def test_lock_blocked_collector(cluster: LocalCluster, tmp: Path) -> None:
         - n: {usage: GAUGE, description: rows of the locked table}
     """
     config = collectors(tmp, blocked + quick(marker))
-    async with exporter_for(settings_for(cluster.dsn()), config) as (port, _app):
+    async with exporter_for(settings_for(cluster.dsn()), config) as (port, app):
         status, body = await scrape(port)
         assert metric(body, "rel_blocked_n") == 1
         tasks = len(asyncio.all_tasks())
@@ -364,7 +367,9 @@ async def test_lock_blocked_collector(cluster: LocalCluster, tmp: Path) -> None:
         try:
             with HealthTimer(port) as health:
                 await holder.execute("LOCK TABLE rel_locked IN ACCESS EXCLUSIVE MODE")
-                await asyncio.to_thread(time.sleep, 1.1)  # let the 1 s TTL expire: pacing
+                server = app[STATE].exporter.main
+                entry = server.entries["rel_blocked"]
+                await wait_async(lambda: server.clock() - entry.finished_at >= 1, "the 1 s TTL")
                 started = time.monotonic()
                 status, body = await scrape(port)
                 took = time.monotonic() - started

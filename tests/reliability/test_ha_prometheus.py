@@ -19,6 +19,7 @@ import pytest
 
 from bench.ha_pair import Row, figures, run_pair, table
 
+pytestmark = pytest.mark.pg  # it starts its own PostgreSQL 18
 NORMAL_SCRAPES = 22  # per server: about four TTL windows of the cached collector
 OVERRUN_SCRAPES = 3
 

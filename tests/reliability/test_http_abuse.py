@@ -16,23 +16,20 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import bcrypt
 import pytest
-from aiohttp import web
 
 from exporter.definitions import Definitions
 from exporter.health import HEALTH_PATHS
 from exporter.localpg import LocalCluster, free_port, pg18_bindir
 from exporter.settings import Settings
 from exporter.state import STATE
-from exporter.web import create_app, make_runner
 from exporter.webconfig import WebConfig
 from tests.integration.helpers import REPO, settings_for, write_collectors
-from tests.integration.rawhttp import RawClient, Served, get, poll, serving
+from tests.integration.rawhttp import RawClient, get, poll, serving
 
 pytestmark = pytest.mark.pg
 
@@ -277,22 +274,6 @@ async def test_many_connections_within_the_hard_fd_limit_do_not_stop_scrapes(
 # --- basic auth ----------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def serving_with(
-    settings: Settings, definitions: Definitions, web_config: WebConfig
-) -> AsyncIterator[Served]:
-    """Like rawhttp.serving, with a web config (basic auth)."""
-    app = create_app(settings, definitions, web_config)
-    runner = make_runner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield Served(app, runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
-
-
 def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -310,7 +291,7 @@ async def test_basic_auth_refuses_anonymous_access_everywhere(
     wrong = [None, _basic(USER, "wrong"), _basic("nobody", PASSWORD), "Basic !!!", "Bearer x",
              "Basic " + base64.b64encode(USER.encode()).decode()]  # fmt: skip
     caplog.set_level(logging.INFO)
-    async with serving_with(settings(cluster), definitions, config) as served:
+    async with serving(settings(cluster), definitions, config) as served:
         for path in ALL_PATHS:
             for method in ("GET", "POST", "HEAD", "PUT", "DELETE"):
                 for auth in wrong:
