@@ -57,6 +57,8 @@ SET client_min_messages = error;
 CREATE TABLE IF NOT EXISTS cov_orders (id bigserial PRIMARY KEY, customer int, total numeric);
 CREATE INDEX IF NOT EXISTS cov_orders_customer ON cov_orders (customer);
 CREATE SEQUENCE IF NOT EXISTS cov_tickets;
+-- The whole bigint range: its used ratio overflows bigint arithmetic.
+CREATE SEQUENCE IF NOT EXISTS cov_wide MINVALUE -9223372036854775808 START 0;
 CREATE OR REPLACE FUNCTION cov_count(c int) RETURNS bigint LANGUAGE plpgsql AS
   $$ BEGIN RETURN (SELECT count(*) FROM cov_orders WHERE customer = c); END $$;
 CREATE TABLE IF NOT EXISTS cov_events (at date NOT NULL, what text) PARTITION BY RANGE (at);
@@ -69,7 +71,7 @@ DELETE FROM cov_orders WHERE id % 7 = 0;
 CREATE MATERIALIZED VIEW IF NOT EXISTS cov_totals AS
   SELECT customer, sum(total) AS total FROM cov_orders GROUP BY customer;
 SET track_functions = 'all';
-SELECT cov_count(3), nextval('cov_tickets');
+SELECT cov_count(3), nextval('cov_tickets'), nextval('cov_wide');
 ANALYZE;
 SELECT 'CREATE PUBLICATION cov_pub FOR TABLE cov_orders'
  WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = 'cov_pub') \\gexec
@@ -195,6 +197,7 @@ async def test_per_database_families_describe_the_objects(
     body = (await _scrape(aiohttp_client, pg, SUPERUSER, _definitions())).body
     assert value(body, "pg_func_calls", datname=DB, funcname="cov_count(c integer)") >= 1
     assert value(body, "pg_seq_last_value", datname=DB, seqname="cov_tickets") >= 1
+    assert value(body, "pg_seq_used_ratio", datname=DB, seqname="cov_wide") == 0.5
     assert value(body, "pg_defpart_rows", datname=DB, partname="cov_events_other") > 0
     assert value(body, "pg_pubrel_count", datname=DB, pubname="cov_pub") == 1
     assert value(body, "pg_relkind_count", datname=DB, relkind="matview") >= 1
