@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--keep", action="store_true", help="keep configs and logs")
     args = parser.parse_args(argv)
     return Options(
-        workloads=_workloads(args.workloads, args.scrapes, args.big_scrapes, args.quick),
+        workloads=_workloads(parser, args.workloads, args.scrapes, args.big_scrapes, args.quick),
         exporters=_exporters(parser, args.exporters),
         warmup=1 if args.quick else max(0, args.warmup),
         gzip=not args.no_gzip,
@@ -90,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     )
 
 
-def _workloads(names: str, scrapes: int, big_scrapes: int, quick: bool) -> tuple[Workload, ...]:
+def _workloads(
+    parser: argparse.ArgumentParser, names: str, scrapes: int, big_scrapes: int, quick: bool
+) -> tuple[Workload, ...]:
     """Workloads asked for; --quick overrides the rest."""
     if quick:
         return (QUICK,)
@@ -98,7 +100,11 @@ def _workloads(names: str, scrapes: int, big_scrapes: int, quick: bool) -> tuple
         "16k": Workload(SMALL.name, SMALL.rows, max(1, scrapes)),
         "200k": Workload(BIG.name, BIG.rows, max(1, big_scrapes)),
     }
-    return tuple(table[n] for n in names.split(",") if n in table)
+    keys = tuple(n.strip() for n in names.split(",") if n.strip())
+    unknown = [k for k in keys if k not in table]
+    if unknown:
+        parser.error(f"unknown workload(s): {', '.join(unknown)} (known: {', '.join(table)})")
+    return tuple(table[k] for k in keys)
 
 
 def _exporters(parser: argparse.ArgumentParser, names: str) -> tuple[str, ...]:
