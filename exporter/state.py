@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -20,6 +21,8 @@ class State:
     exporter: Exporter
     admission: Admission
     selfmetrics: SelfMetrics
+    # The listener's TLS context, whose certificate and key a reload re-reads.
+    tls_context: ssl.SSLContext | None = None
 
 
 STATE = web.AppKey("state", State)

@@ -204,6 +204,7 @@ async def _serve(
 ) -> int:
     app = create_app(settings, definitions, web_config)
     tls = ssl_context(web_config.tls) if web_config.tls else None
+    app[STATE].tls_context = tls
     if not await _first_contact(app[STATE].exporter, settings):
         return 2
     runner = make_runner(app)

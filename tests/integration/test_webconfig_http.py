@@ -23,14 +23,15 @@ import bcrypt
 import pytest
 from aiohttp import web
 
+from exporter.loading import load_for_settings
+from exporter.localpg import free_port
+from exporter.pages import reload
+from exporter.settings import Settings
+from exporter.state import STATE
+from exporter.web import create_app, make_runner
 from exporter.webauth import install
-from exporter.webconfig import (
-    TlsConfig,
-    WebConfig,
-    load_certificates,
-    load_web_config,
-    ssl_context,
-)
+from exporter.webconfig import TlsConfig, WebConfig, load_web_config, ssl_context
+from tests.integration.helpers import REPO
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4))
@@ -271,17 +272,46 @@ async def peer_common_name(port: int, client: ssl.SSLContext) -> str:
     return dict(pair[0] for pair in cert["subject"])["commonName"]  # type: ignore[no-any-return]
 
 
-async def test_reloaded_certificate_serves_new_handshakes(pki: Path) -> None:
-    """load_certificates swaps the server certificate without restarting the listener."""
-    tls = tls_for(pki)
-    context = ssl_context(tls)
-    async with serving(WebConfig(tls=tls), context) as url:
-        port = int(url.rsplit(":", 1)[1])
+@asynccontextmanager
+async def exporter_over_tls(web_yml: Path) -> AsyncIterator[tuple[web.Application, int]]:
+    """The exporter app served as production serves it with this web config file."""
+    settings = Settings(
+        url=f"postgresql://127.0.0.1:{free_port()}/postgres",  # nothing there: no database needed
+        config=str(REPO / "collectors"),
+        web_config_file=str(web_yml),
+    )
+    web_config = load_web_config(str(web_yml))
+    assert web_config.tls is not None
+    app = create_app(settings, load_for_settings(settings), web_config)
+    app[STATE].tls_context = ssl_context(web_config.tls)
+    runner = make_runner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=app[STATE].tls_context).start()
+    try:
+        yield app, runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+async def test_reload_picks_up_a_renewed_certificate(pki: Path, tmp_path: Path) -> None:
+    """/reload (and SIGHUP) re-read the certificate and key: new connections get the
+    renewed pair without a restart. A pair that does not match is refused, and the
+    running one keeps serving."""
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes((pki / "server.crt").read_bytes())
+    key.write_bytes((pki / "server.key").read_bytes())
+    web_yml = tmp_path / "web.yml"
+    web_yml.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    async with exporter_over_tls(web_yml) as (app, port):
         assert await peer_common_name(port, client_context(pki)) == "server"
-        renewed = tls_for(
-            pki, cert_file=str(pki / "server2.crt"), key_file=str(pki / "server2.key")
-        )
-        load_certificates(context, renewed)
+        cert.write_bytes((pki / "server2.crt").read_bytes())  # renewed, key not yet
+        ok, message = await reload(app[STATE])
+        assert not ok, message
+        assert "certificate" in message
+        assert await peer_common_name(port, client_context(pki)) == "server"
+        key.write_bytes((pki / "server2.key").read_bytes())
+        ok, message = await reload(app[STATE])
+        assert ok, message
         assert await peer_common_name(port, client_context(pki)) == "server2"
 
 
