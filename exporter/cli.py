@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -22,10 +21,10 @@ from exporter.errors import ConfigError, UsageError
 from exporter.flags import BY_LONG, InfoRequested, bool_text, scan
 from exporter.logs import FORMATS, LEVELS, configure_logging
 from exporter.settings import Settings, with_sslmode
+from exporter.validation import LABEL_NAME
 
 log = logging.getLogger(__name__)
 
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _PORT_MAX = 65535
 
 
@@ -160,7 +159,7 @@ def _labels(src: _Source) -> tuple[tuple[str, str], ...]:
     pairs: dict[str, str] = {}
     for item in _words(text):
         key, equals, value = (part.strip() for part in item.partition("="))
-        if not equals or not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
+        if not equals or not LABEL_NAME.fullmatch(key) or key.startswith("__"):
             raise UsageError(
                 f"{origin}: {item!r} is not name=value with a valid label name "
                 "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
@@ -175,7 +174,7 @@ def _namespace(src: _Source) -> str | None:
     found = src.lookup("namespace")
     if found is None or not found[0]:
         return None
-    if not _LABEL_NAME.fullmatch(found[0]):
+    if not LABEL_NAME.fullmatch(found[0]):
         raise UsageError(f"{found[1]} {found[0]!r} is not a valid metric name prefix")
     return found[0]
 
@@ -199,7 +198,9 @@ def _connect_timeout(src: _Source) -> float:
 def _max_series(src: _Source) -> int:
     value = _integer(src, "max-series", defaults.DEFAULT_MAX_SERIES)
     if value <= 0:
-        raise UsageError(f"--max-series must be greater than 0, not {value}")
+        found = src.lookup("max-series")
+        origin = found[1] if found else "--max-series"
+        raise UsageError(f"{origin} must be greater than 0, not {value}")
     return value
 
 

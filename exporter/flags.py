@@ -225,6 +225,3 @@ def version_text() -> str:
         f"python: {platform.python_implementation()} {platform.python_version()}\n"
         f"platform: {sys.platform}/{platform.machine()}"
     )
-
-
-# --- entry point -------------------------------------------------------------------------

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
-import platform
 
 from aiohttp import web
 
 from exporter import __version__
 from exporter.budget import Budget, budget_seconds
 from exporter.errors import ConfigError, UsageError
+from exporter.flags import version_text
 from exporter.loading import load_for_settings
 from exporter.stat import stat_text
 from exporter.state import STATE, State
@@ -25,11 +25,8 @@ log = logging.getLogger(__name__)
 
 
 async def version_handler(request: web.Request) -> web.Response:
-    """Build and runtime version text."""
-    return web.Response(
-        text=f"pg_exporter {__version__} (python {platform.python_version()}, "
-        f"{platform.system().lower()}/{platform.machine()})\n"
-    )
+    """Build and runtime version text, as ``--version`` prints it."""
+    return web.Response(text=version_text() + "\n")
 
 
 async def explain_handler(request: web.Request) -> web.Response:

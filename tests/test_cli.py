@@ -309,6 +309,8 @@ def test_bad_environment_value_names_the_variable(config: str) -> None:
     """An error from the environment names the variable, not a flag the user never typed."""
     with pytest.raises(UsageError, match=r"\$PG_EXPORTER_CONNECT_TIMEOUT must be a whole"):
         parse(config, PG_EXPORTER_CONNECT_TIMEOUT="1.5")
+    with pytest.raises(UsageError, match=r"\$PG_EXPORTER_MAX_SERIES must be greater than 0"):
+        parse(config, PG_EXPORTER_MAX_SERIES="0")
 
 
 def test_empty_namespace_means_automatic(config: str) -> None:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter import __version__
 from exporter.budget import Budget
+from exporter.flags import version_text
 from exporter.loading import load_definitions
 from exporter.localpg import LocalCluster
 from exporter.state import STATE
@@ -120,6 +122,17 @@ async def test_explain_and_stat_render_html_for_browsers(
         assert page.headers["Content-Type"].startswith("text/html")
         assert "<pre>" in page.text
         assert "first" in page.text
+
+
+async def test_version_page_says_what_the_version_flag_says(
+    served_dir: tuple[Served, Path],
+) -> None:
+    """/version is the text of --version: the exporter's, Python's and the platform's."""
+    served, _ = served_dir
+    page = await get(served.port, "/version")
+    assert page.status == 200
+    assert page.text == version_text() + "\n"
+    assert f"pg_exporter version {__version__}" in page.text
 
 
 async def test_explain_waits_for_a_pass_only_within_its_budget(
