@@ -42,8 +42,6 @@ _SECRET = re.compile(
     r"|(?P<key>password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)",
     re.IGNORECASE,
 )
-_USERINFO_PASSWORD = re.compile(r"^([^/@:]*://[^/@:]*):[^/]*@")
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 _LOGFMT_KEY_JUNK = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
@@ -72,12 +70,7 @@ def _mask_match(match: re.Match[str]) -> str:
     url = match.group("url")
     if url is None:
         return f"{match.group('key')}{MASK}"
-    if "@" not in url and "password=" not in url.lower():
-        return url  # nothing secret; rebuilding it could only change its spelling
-    if re.match(r"postgres(ql)?://", url):
-        return mask_url(url)
-    url = _USERINFO_PASSWORD.sub(rf"\g<1>:{MASK}@", url)
-    return _QUERY_PASSWORD.sub(rf"\g<1>{MASK}", url)
+    return mask_url(url)
 
 
 def record_fields(record: logging.LogRecord) -> list[tuple[str, object]]:

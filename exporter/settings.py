@@ -75,14 +75,22 @@ def with_sslmode(url: str) -> str:
     return f"{base}{joiner}sslmode=disable" + (f"#{fragment}" if fragment else "")
 
 
+_ANY_URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+_URL_USERINFO_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^/?#@:]*:)[^/?#]*@", re.IGNORECASE)
+_URL_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
 def mask_url(url: str) -> str:
-    """Replace every password in a URL or keyword DSN by ``xxxxx``."""
-    if _is_keyword_dsn(url):
+    """Replace every password in a URL (any scheme) or keyword DSN by ``xxxxx`` (D14).
+
+    The one masking rule: the logs use it for every URL they find in a message.
+    """
+    if not _ANY_URL.match(url):
         return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", rf"\g<1>{MASK}", url)
     # Substitute in place rather than re-serialising: urlunsplit would drop the '//'
     # of a hostless URL such as postgresql:///db.
-    url = re.sub(r"^(postgres(?:ql)?://[^/?#@:]*:)[^/?#]*@", rf"\g<1>{MASK}@", url)
-    return re.sub(r"([?&]password=)[^&#]*", rf"\g<1>{MASK}", url)
+    url = _URL_USERINFO_PASSWORD.sub(rf"\g<1>{MASK}@", url)
+    return _URL_QUERY_PASSWORD.sub(rf"\g<1>{MASK}", url)
 
 
 def database_of(url: str) -> str:

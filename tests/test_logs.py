@@ -174,7 +174,7 @@ def test_unknown_level_or_format_is_refused(level: str, fmt: str) -> None:
 
 @pytest.mark.parametrize("fmt", ["logfmt", "json"])
 def test_password_in_url_never_printed(fmt: str) -> None:
-    """A PostgreSQL URL with a password in the message is masked in both formats."""
+    """A PostgreSQL URL with a password in the message is masked in both formats (D14)."""
     stream = _capture(fmt=fmt)
     log.error("cannot connect to postgresql://u:secret@h/db")
     output = stream.getvalue()
@@ -183,7 +183,7 @@ def test_password_in_url_never_printed(fmt: str) -> None:
 
 
 def test_secrets_scrubbed_from_extra_fields_and_exceptions() -> None:
-    """Field values and exception text go through the same scrubber as the message."""
+    """Field values and exception text go through the same scrubber as the message (D14)."""
     stream = _capture()
     try:
         raise RuntimeError("dsn was host=h password=hunter2 dbname=x")
@@ -215,5 +215,5 @@ def test_secrets_scrubbed_from_extra_fields_and_exceptions() -> None:
     ],
 )  # fmt: skip
 def test_scrub_masks_every_password_spelling(text: str, expected: str) -> None:
-    """URLs of any scheme, query parameters and keyword DSNs lose their passwords, nothing else."""
+    """URLs of any scheme, query parameters and keyword DSNs lose their passwords (D14)."""
     assert scrub(text) == expected
