@@ -8,6 +8,7 @@ state. Sleeps appear only as the polling interval of a condition with a deadline
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 import time
 import uuid
@@ -162,6 +163,33 @@ async def test_invalid_budget_headers_are_ignored(
     response = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": header})
     assert response.status == 200
     assert value(response.text, f"quick_{m}") == 1
+
+
+async def test_scrapes_sharing_a_pass_each_get_their_own_encoding(
+    pg: LocalCluster, start: Start
+) -> None:
+    """Two scrapes served by one pass, one asking for OpenMetrics with gzip and one for
+    plain text, each get what they asked for: nothing of a request is kept on the shared
+    pass (B22)."""
+    m = _marker()
+    served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60))
+    rich = await RawClient.send(
+        served.port,
+        headers={"Accept": "application/openmetrics-text; version=1.0.0",
+                 "Accept-Encoding": "gzip"},
+    )  # fmt: skip
+    await poll_async(lambda: _running(pg, m), "the pass to run the query")
+    plain = await RawClient.send(served.port)
+    await poll(lambda: _admitted(served) == 2, "the second request to be admitted")
+    a, b = await rich.response(), await plain.response()
+    assert (a.status, b.status) == (200, 200)
+    assert statement_calls(pg, m) == 1
+    assert a.headers["Content-Encoding"] == "gzip"
+    assert a.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert gzip.decompress(a.body).decode().endswith("# EOF\n")
+    assert "Content-Encoding" not in b.headers
+    assert b.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert value(b.text, f"slow_{m}") == 1
 
 
 @pytest.mark.parametrize("fatal", [False, True])

@@ -143,6 +143,65 @@ async def test_slow_collector_times_out_without_blanking_others(
     again = await _scrape(client)  # the failure is cached for its TTL (B14)
     assert value(again, "pg_exporter_query_scrape_error_count", query="slow") == 1
     assert value(again, "pg_exporter_query_scrape_hit_count", query="slow") == 1
+    # Classified outcomes, as a counter and in /stat (D10).
+    outcome = "pg_exporter_query_outcome_total"
+    assert value(again, outcome, query="slow", outcome="timeout") == 1
+    assert value(again, outcome, query="slow", outcome="cached") == 1
+    assert value(again, outcome, query="fast", outcome="ok") == 2  # ttl 0: every pass
+    stat = await (await client.get("/stat")).text()
+    rows = {line.split()[1]: line.split()[-1] for line in stat.splitlines()[1:]}
+    assert rows["slow"] == "cached=1,timeout=1", stat
+
+
+async def test_a_collector_failing_mid_stream_publishes_none_of_its_rows(
+    aiohttp_client: AiohttpClient, pg: LocalCluster, tmp_path: Path
+) -> None:
+    """Rows already streamed (three batches) are dropped when the query then fails: no
+    partial result, and the other collectors are unaffected (B15)."""
+    text = """
+    fast:
+      query: SELECT 1 AS one
+      timeout: 5
+      metrics:
+        - one: {usage: GAUGE, description: one}
+    halfway:
+      query: >-
+        SELECT g::text AS item, CASE WHEN g < 3500 THEN g ELSE 1 / (g - g) END AS v
+        FROM generate_series(1, 5000) AS g
+      timeout: 5
+      metrics:
+        - item: {usage: LABEL, description: item}
+        - v: {usage: GAUGE, description: fails after 3499 rows}
+    """
+    client = await _client(aiohttp_client, pg, text, tmp_path)
+    body = await _scrape(client)
+    assert value(body, "fast_one") == 1
+    assert "halfway_v" not in body
+    assert value(body, "pg_exporter_query_scrape_error_count", query="halfway") == 1
+
+
+async def test_a_failed_refresh_never_serves_the_previous_result(
+    aiohttp_client: AiohttpClient, pg: LocalCluster, tmp_path: Path
+) -> None:
+    """A collector that succeeded, then fails on its next refresh, is absent: the old
+    value is not served as if it were fresh (B15)."""
+    table = f"flag_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE TABLE {table} AS SELECT 1 AS n")
+    text = f"""
+    flaky:
+      query: SELECT 10 / (SELECT n FROM {table}) AS v
+      ttl: 0
+      timeout: 5
+      metrics:
+        - v: {{usage: GAUGE, description: fails once n is 0}}
+    """
+    try:
+        client = await _client(aiohttp_client, pg, text, tmp_path)
+        assert value(await _scrape(client), "flaky_v") == 10
+        pg.psql(f"UPDATE {table} SET n = 0")
+        assert "flaky_v" not in await _scrape(client)
+    finally:
+        pg.psql(f"DROP TABLE {table}")
 
 
 async def test_fatal_collector_failure_sets_pg_up_zero(
@@ -319,7 +378,7 @@ async def test_lost_connection_is_replaced_on_next_pass(
 async def test_openmetrics_and_gzip_are_negotiated(
     aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
 ) -> None:
-    """OpenMetrics when asked (counters end in _total, # EOF), gzip when accepted."""
+    """OpenMetrics when asked (counters end in _total, # EOF), gzip when accepted (B22)."""
     text = """
     om:
       query: SELECT 5::bigint AS events
@@ -487,7 +546,8 @@ SELF_METRICS = {
 async def test_every_self_metric_with_type_labels_and_const_labels(
     aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
 ) -> None:
-    """Every §5 self-metric appears with its type and labels; const labels are on every series."""
+    """Every §5 self-metric appears with its type and labels (B22); const labels are on every
+    series."""
     text = """
     simple:
       query: SELECT 1 AS one

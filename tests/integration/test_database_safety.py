@@ -45,6 +45,57 @@ def _one(key: str, sql: str, timeout: float = 5, extra: str = "") -> str:
     """
 
 
+_OWN_LIMITS = """
+limits:
+  query: >-
+    SELECT current_setting('transaction_read_only') AS read_only,
+           current_setting('statement_timeout') AS statement_timeout,
+           current_setting('lock_timeout') AS lock_timeout,
+           current_setting('idle_in_transaction_session_timeout') AS idle_timeout,
+           coalesce(current_setting('transaction_timeout', true), 'absent') AS txn_timeout,
+           1 AS v
+  timeout: {timeout}
+  metrics:
+    - read_only: {{usage: LABEL, description: x}}
+    - statement_timeout: {{usage: LABEL, description: x}}
+    - lock_timeout: {{usage: LABEL, description: x}}
+    - idle_timeout: {{usage: LABEL, description: x}}
+    - txn_timeout: {{usage: LABEL, description: x}}
+    - v: {{usage: GAUGE, description: the collector's own limits as labels}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("seconds", "limits", "transaction_timeout"),
+    [
+        # statement = the timeout, lock = a quarter of it (at most 1 s), idle ≥ 1 s,
+        # transaction = 2 × statement + 1 s as a backstop.
+        (2, ("2s", "500ms", "2s"), "5s"),
+        (0.2, ("200ms", "50ms", "1s"), "1400ms"),
+        # Unbounded: no statement or transaction limit, but never an unbounded lock wait.
+        (-1, ("0", "1s", "1s"), "0"),
+    ],
+)
+async def test_each_collector_runs_read_only_within_its_own_limits(
+    pg: LocalCluster,
+    start: Start,
+    seconds: float,
+    limits: tuple[str, str, str],
+    transaction_timeout: str,
+) -> None:
+    """The collector sees its transaction read only, with statement, lock and idle limits
+    from its timeout (D1, D2), and transaction_timeout exactly where the server has it
+    (17+, detected from the server, not assumed) (D3)."""
+    served = await start(pg, _OWN_LIMITS.format(timeout=seconds))
+    body = (await get(served.port)).text
+    version = int(pg.psql("SHOW server_version_num"))
+    expected_txn = transaction_timeout if version >= 170000 else "absent"
+    statement, lock, idle = limits
+    labels = {"read_only": "on", "statement_timeout": statement, "lock_timeout": lock,
+              "idle_timeout": idle, "txn_timeout": expected_txn}  # fmt: skip
+    assert value(body, "limits_v", **labels) == 1, body
+
+
 @pytest.mark.parametrize(
     ("kind", "sql"),
     [
