@@ -45,6 +45,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
 from exporter.localpg import (  # noqa: E402
     VERBOSE_LOG_SETTINGS,
     LocalCluster,
@@ -55,7 +56,7 @@ from exporter.localpg import (  # noqa: E402
 INTERVAL = 1.0
 SCRAPE_TIMEOUT = 0.9  # below the 1 s interval, with room for a 0.6 s collector on a busy machine
 CACHED_TTL = 5.0
-HEADER = "x-prometheus-scrape-timeout-seconds"
+HEADER = SCRAPE_TIMEOUT_HEADER.lower()
 OUT_OF_BUDGET = b"budget ran out"
 
 

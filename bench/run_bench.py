@@ -32,12 +32,12 @@ from bench.measure import (
 )
 from bench.report import Result, render, write_json
 from bench.workload import ConfigFiles, Workload, write_configs
+from exporter.settings import DEFAULT_MAX_SERIES
 
 SMALL = Workload("16k", rows=2_000, scrapes=30)
 BIG = Workload("200k", rows=25_000, scrapes=8)
 QUICK = Workload("16k", rows=2_000, scrapes=3)
 #: Our default series cap (Settings.max_series) is below the big workload.
-OURS_DEFAULT_MAX_SERIES = 100_000
 MIB = 1024.0
 
 
@@ -233,7 +233,7 @@ def _checked(spec: exporters.Launch, workload: Workload, options: Options) -> Sc
 
 def _extra_args(trial: Trial) -> tuple[str, ...]:
     """Raise our series cap above the big workload (our default cap is 100 000)."""
-    if trial.key != exporters.OURS or trial.workload.series <= OURS_DEFAULT_MAX_SERIES:
+    if trial.key != exporters.OURS or trial.workload.series <= DEFAULT_MAX_SERIES:
         return ()
     return ("--max-series", str(trial.workload.series * 2))
 

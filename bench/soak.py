@@ -45,11 +45,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.measure import memory  # noqa: E402
+from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
 from exporter.localpg import LocalCluster, free_port, pg18_bindir  # noqa: E402
-from tests.integration.helpers import value  # noqa: E402
+from tests.integration.helpers import exporter_backends, value  # noqa: E402
 from tests.integration.rawhttp import RawClient, get  # noqa: E402
 
-BUDGET_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+BUDGET_HEADER = SCRAPE_TIMEOUT_HEADER
 EXTRA_DATABASES = ("soak_a", "soak_b")
 # The main database plus the discovered ones, and the health probe's own connection.
 CONNECTION_CAP = 1 + len(EXTRA_DATABASES) + 1
@@ -205,10 +207,7 @@ class ExporterProcess:
 
     def rss_kib(self) -> int:
         """VmRSS of the process in KiB."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmRSS in /proc/pid/status")
+        return memory(self.pid).rss_kib
 
     def fds(self) -> int:
         """Open file descriptors of the process."""
@@ -249,11 +248,7 @@ class ExporterProcess:
 
 def exporter_connections(cluster: LocalCluster) -> int:
     """The exporter's backends in pg_stat_activity (the health probe's included)."""
-    out = cluster.psql(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
-        "AND pid <> pg_backend_pid()"
-    )
-    return int(out.strip())
+    return exporter_backends(cluster, probe=True)
 
 
 async def sample(process: ExporterProcess, cluster: LocalCluster, t0: float, done: int) -> Sample:
@@ -406,10 +401,8 @@ async def worker(port: int, load: Load, rng: random.Random) -> None:
 
 async def _until_idle(process: ExporterProcess, fds: int, within: float = 20.0) -> None:
     deadline = time.monotonic() + within
-    for _ in range(int(within / 0.05)):  # polling /proc: nothing to wait on
-        if process.fds() <= fds or time.monotonic() > deadline:
-            return
-        await asyncio.sleep(0.05)
+    while process.fds() > fds and time.monotonic() < deadline:  # noqa: ASYNC110 (no event)
+        await asyncio.sleep(0.05)  # polling /proc with a deadline: nothing to wait on
 
 
 async def soak(config: SoakConfig, cluster: LocalCluster, workdir: Path) -> SoakResult:

@@ -24,11 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir  # noqa: E402
 from tests.integration.helpers import statement_calls, value  # noqa: E402
 from tests.integration.rawhttp import RawClient, get  # noqa: E402
 
-BUDGET_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+BUDGET_HEADER = SCRAPE_TIMEOUT_HEADER
 
 
 @dataclass
