@@ -44,9 +44,15 @@ class Entry:
 
 def is_fresh(entry: Entry | None, ttl: float, now: float, *, disable_cache: bool) -> bool:
     """True when ``entry`` may be served instead of running the collector again."""
-    if entry is None or disable_cache or ttl <= 0:
+    finished_at = entry.finished_at if entry is not None else None
+    return fresh_since(finished_at, ttl, now, disable_cache=disable_cache)
+
+
+def fresh_since(finished_at: float | None, ttl: float, now: float, *, disable_cache: bool) -> bool:
+    """True when a result obtained at ``finished_at`` is still within ``ttl`` (B16)."""
+    if finished_at is None or disable_cache or ttl <= 0:
         return False
-    return now - entry.finished_at < ttl
+    return now - finished_at < ttl
 
 
 def ttl_left(entry: Entry | None, ttl: float, now: float) -> float:

@@ -115,13 +115,14 @@ class Exporter:
         waited = self.clock() - waited_from
         # No await between acquiring and handing over: the task owns the lock from here.
         task = asyncio.create_task(self._locked_pass(budget))
-        task.add_done_callback(_report_orphan_failure)
         self._passes.add(task)
         task.add_done_callback(self._passes.discard)
         try:
             snapshot = await asyncio.shield(task)
         except asyncio.CancelledError:
             budget.ended.set()
+            # Nobody awaits the pass from here on: its failure would go unseen.
+            task.add_done_callback(_report_orphan_failure)
             raise
         snapshot.shared = shared
         snapshot.waited = waited

@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from exporter.definitions import Collector, Predicate
+from exporter.errors import CollectorError
 from exporter.planning import ServerFacts
 from exporter.settings import mask_url
 
@@ -44,7 +45,7 @@ SELECT current_setting('server_version_num')::int,
 """
 
 
-class PredicateError(Exception):
+class PredicateError(CollectorError):
     """A predicate query returned something other than one boolean (or no row)."""
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from exporter.casting import FAST_TYPES, NAN, label_text, to_number
 from exporter.definitions import Collector, Column, Usage
 from exporter.errors import MissingColumnError, TooManySeriesError
-from exporter.exposition import Family, escape_label_value, format_value, go_float
+from exporter.exposition import Family, escape_label_value, format_value, go_float, label_block
 
 
 class _Plain:
@@ -259,7 +259,7 @@ def _label_template(labels: Sequence[Column], const_labels: Sequence[tuple[str, 
 
     Without LABEL columns it is the (constant) label block itself.
     """
-    const = ",".join(f'{n}="{escape_label_value(v)}"' for n, v in const_labels)
+    const = label_block(const_labels)[1:-1]  # without the braces
     if not labels:
         return "{" + const + "} " if const else " "
     variable = ",".join(f'{c.output_name}="%s"' for c in labels)

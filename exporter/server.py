@@ -21,7 +21,7 @@ from psycopg import errors as pgerrors
 
 from exporter import postgres
 from exporter.budget import Budget, RequestEnded, until_request_ends
-from exporter.cache import CollectorStats, Entry, Outcome, is_fresh
+from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
 from exporter.definitions import Collector, Definitions, Predicate
 from exporter.errors import CollectorError, TooManySeriesError
 from exporter.exposition import Family
@@ -246,7 +246,7 @@ class Server:
             outcome, error = Outcome.TIMEOUT, _timeout_message(collector, exc)
         except TooManySeriesError as exc:
             families, series, outcome, error = (), 0, Outcome.TOO_MANY_SERIES, str(exc)
-        except (psycopg.Error, CollectorError, postgres.PredicateError) as exc:
+        except (psycopg.Error, CollectorError) as exc:
             families, series, outcome = (), 0, Outcome.ERROR
             error = f"collector {collector.key} on {self.label}: {exc}"
         duration = self.clock() - start
@@ -324,7 +324,10 @@ class Server:
         key = (collector.key, p.name)
         cached = self.predicates.get(key)
         now = self.clock()
-        if cached is not None and not self.options.disable_cache and now - cached[1] < p.ttl:
+        fresh = fresh_since(
+            cached[1] if cached else None, p.ttl, now, disable_cache=self.options.disable_cache
+        )
+        if cached is not None and fresh:
             return cached[0]
         value = await postgres.run_predicate(cur, p)
         self.predicates[key] = (value, self.clock())
