@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import yaml
 from exporter.definitions import (
     Collector,
     Definitions,
+    Usage,
 )
 from exporter.errors import ConfigError, Problem
 from exporter.settings import Settings
@@ -91,7 +92,8 @@ def load_definitions(path: str) -> Definitions:
     if not parsed.collectors:
         message = "no collector branch; expected top-level keys each defining query and metrics"
         raise ConfigError([Problem(path, message)])
-    return Definitions(_ordered(parsed.collectors), (path,), warnings=parsed.warnings)
+    ordered = _ordered(parsed.collectors)
+    return Definitions(ordered, (path,), warnings=parsed.warnings + _kind_conflicts(ordered))
 
 
 def parse_document(
@@ -171,7 +173,9 @@ def _load_directory(path: str) -> Definitions:
     if not merged:
         problems = problems or [Problem(path, "no collector branch in any of its YAML files")]
         raise ConfigError(problems, f"{path}: no valid collector in {len(files)} file(s)")
-    return Definitions(_ordered(merged.values()), tuple(files), tuple(skipped), tuple(warnings))
+    ordered = _ordered(merged.values())
+    warnings.extend(_kind_conflicts(ordered))
+    return Definitions(ordered, tuple(files), tuple(skipped), tuple(warnings))
 
 
 def _yaml_files(path: str) -> list[str]:
@@ -201,6 +205,29 @@ def _read_file(path: str, index: int) -> ParsedDocument:
 
 def _ordered(collectors: Iterable[Collector]) -> tuple[Collector, ...]:
     return tuple(sorted(collectors, key=lambda c: (c.priority, c.key)))
+
+
+def _kind_conflicts(ordered: Sequence[Collector]) -> tuple[str, ...]:
+    """Metric names that two differently named collectors give different types.
+
+    One exposition holds one type per name, so the later family is dropped at every
+    scrape; say so once, at load. Branches sharing a name are alternatives (versions,
+    roles) and never run together, so they are not compared with each other.
+    """
+    first: dict[str, tuple[Usage, Collector]] = {}
+    found: list[str] = []
+    for collector in ordered:  # priority order: the exposition keeps the first
+        for column in collector.value_columns:
+            metric = collector.metric_name(column)
+            usage, owner = first.setdefault(metric, (column.usage, collector))
+            if usage is not column.usage and owner.name != collector.name:
+                found.append(
+                    f"{collector.source}: {collector.key}: {metric} is a "
+                    f"{column.usage.value.lower()} here but a {usage.value.lower()} in "
+                    f"{owner.key} ({owner.source}); scrapes keep {owner.key}'s and drop this "
+                    "one: rename the column or change its usage"
+                )
+    return tuple(found)
 
 
 def load_for_settings(settings: Settings) -> Definitions:

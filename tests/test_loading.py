@@ -575,3 +575,21 @@ def test_unquoted_comma_in_flow_mapping_is_explained() -> None:
     assert parsed.collectors[0].columns[0].description == "first part"
     (warning,) = parsed.warnings
     assert warning.startswith("c.yml:b.metrics[0].second part: text after an unquoted comma")
+
+
+def test_a_metric_typed_twice_by_different_collectors_is_warned(tmp_path: Path) -> None:
+    """Two collectors that give one metric name two types: only the first survives in an
+    exposition, so the load says which one is dropped; version branches of one name are
+    alternatives and are not compared."""
+    (tmp_path / "a.yml").write_text(
+        "first:\n  name: app\n  query: SELECT 1 AS x_total\n  priority: 1\n"
+        "  metrics: [{x_total: {usage: COUNTER}}]\n"
+        "second:\n  name: app_x\n  query: SELECT 1 AS total\n  priority: 2\n"
+        "  metrics: [{total: {usage: GAUGE}}]\n"
+        "alt_old:\n  name: app\n  query: SELECT 1 AS x_total\n  max_version: 100000\n"
+        "  metrics: [{x_total: {usage: GAUGE}}]\n"
+    )
+    warnings = load_definitions(str(tmp_path)).warnings
+    conflicts = [w for w in warnings if "app_x_total" in w]
+    assert len(conflicts) == 1, warnings
+    assert "second: app_x_total is a gauge here but a counter in first" in conflicts[0]
