@@ -15,6 +15,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,11 +47,11 @@ async def _guarded(conn: psycopg.AsyncConnection[tuple[object, ...]], version: i
     await postgres.settle(conn)
 
 
-async def _median_us(run: object, runs: int) -> float:
+async def _median_us(run: Callable[[], Awaitable[object]], runs: int) -> float:
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        await run()  # type: ignore[operator]
+        await run()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples) * 1e6
 
