@@ -8,6 +8,7 @@ Arguments other than ``--port`` are passed on to the exporter.
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import threading
@@ -142,8 +143,9 @@ def _run(config: Path, port: int, extra: Sequence[str]) -> int:
 
 def _serve(url: str, config: Path, port: int, extra: Sequence[str]) -> int:
     """Run the exporter in the foreground; it returns on SIGINT/SIGTERM."""
-    from exporter import cli  # the demo's own imports stay light until it serves
-
+    # Looked up in sys.modules at call time (not bound by an import), so a test can
+    # stand in for the CLI without serving for real.
+    cli = importlib.import_module("exporter.cli")
     argv = ["--url", url, "--config", str(config), "--web.listen-address", f":{port}", *extra]
     status: int = cli.main(argv)
     return status
