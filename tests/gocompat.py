@@ -1,10 +1,11 @@
 """The Go exporter's metric interface, read from the facts file, checked against our library.
 
-``tests/data/go-pg_exporter-1.4.1-metrics.tsv`` lists every metric of the Go exporter's shipped config: one row per
-metric per branch, with the branch's version range and tags. A row *applies*
-to a server when its branch would be planned there; for every applicable row
-our library, planned on the same server, must produce that name with that
-type and at least those labels. Pure functions: the caller brings the facts.
+``tests/data/go-pg_exporter-1.4.1-metrics.tsv`` lists every metric of the Go
+exporter's shipped config: one row per metric per branch, with the branch's
+version range and tags. A row *applies* to a server when its branch would be
+planned there; for every applicable row our library, planned on the same
+server, must produce that name with that type and at least those labels.
+Pure functions: the caller brings the facts.
 """
 
 from __future__ import annotations
