@@ -233,13 +233,18 @@ async def _health(request: web.Request, key: web.AppKey[HealthProbe], want: Want
 
 
 def add_health_routes(app: web.Application, probe_key: web.AppKey[HealthProbe]) -> None:
-    """GET and HEAD routes for every health path (add them before any catch-all route)."""
+    """Every health path answers every method (add them before any catch-all route).
+
+    Load balancers check with OPTIONS, HEAD, GET or POST; HAProxy's ``option httpchk``
+    sends OPTIONS by default. A method we did not route would reach the landing page
+    and its 200, and a replica would pass a check for the primary.
+    """
     for path, want in ROUTES.items():
 
         async def handler(request: web.Request, want: Want = want) -> web.Response:
             return await _health(request, probe_key, want)
 
-        app.router.add_get(path, handler)
+        app.router.add_route("*", path, handler)
 
 
 HEALTH_PROBE = web.AppKey("health_probe", HealthProbe)

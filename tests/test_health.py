@@ -108,6 +108,9 @@ def test_probe_rejects_nonpositive_timings() -> None:
         HealthProbe(URL, 1.0, interval=0.0)
 
 
+_METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "DELETE", "PATCH")
+
+
 async def _routes_client(aiohttp_client: AiohttpClient, probe: HealthProbe) -> Client:
     app = web.Application()
     app[HEALTH_PROBE] = probe
@@ -120,7 +123,8 @@ async def _routes_client(aiohttp_client: AiohttpClient, probe: HealthProbe) -> C
 async def test_every_route_answers_from_the_snapshot(
     aiohttp_client: AiohttpClient, status: Status
 ) -> None:
-    """GET and HEAD on each path give the routing code; GET's body is the status word."""
+    """Every method on each path gives the routing code (load balancers check with OPTIONS,
+    HEAD, GET or POST); the body is the status word, empty for HEAD."""
     clock = FakeClock()
     probe = HealthProbe(URL, 0.1, clock=clock)
     probe.snapshot = HealthSnapshot(status, clock.now)
@@ -128,12 +132,14 @@ async def test_every_route_answers_from_the_snapshot(
     groups = [(UP_PATHS, Want.UP), (PRIMARY_PATHS, Want.PRIMARY), (REPLICA_PATHS, Want.REPLICA)]
     for paths, want in groups:
         for path in paths:
-            got = await client.get(path)
-            assert (got.status, await got.text()) == (answer(want, status), status.value), path
-            assert got.headers["Cache-Control"] == "no-store"
-            head = await client.head(path)
-            assert head.status == answer(want, status), path
-            assert await head.read() == b""
+            for method in _METHODS:
+                got = await client.request(method, path)
+                body = "" if method == "HEAD" else status.value
+                assert (got.status, await got.text()) == (answer(want, status), body), (
+                    method,
+                    path,
+                )
+                assert got.headers["Cache-Control"] == "no-store"
 
 
 async def _until(check: Callable[[], bool]) -> None:

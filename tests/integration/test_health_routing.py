@@ -61,12 +61,14 @@ async def _until(check: Callable[[], bool], what: str, limit: float = 10.0) -> f
 
 
 async def _codes(client: Client, paths: tuple[str, ...]) -> set[tuple[int, str]]:
-    """The distinct (status, body) answers of GET on ``paths``; HEAD must agree on status."""
+    """The distinct (status, body) answers of GET on ``paths``; HEAD, OPTIONS and POST
+    must agree on status."""
     seen = set()
     for path in paths:
         got = await client.get(path)
-        head = await client.head(path)
-        assert head.status == got.status, path
+        for method in ("HEAD", "OPTIONS", "POST"):
+            other = await client.request(method, path)
+            assert other.status == got.status, (method, path)
         seen.add((got.status, await got.text()))
     return seen
 
