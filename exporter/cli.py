@@ -37,6 +37,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         listen_addresses=tuple(_listen(a) for a in src.given.get("web.listen-address", []))
         or (defaults.DEFAULT_LISTEN,),
         web_config_file=_existing_file(src, "web.config.file"),
+        openmetrics=src.switch("web.enable-openmetrics", default=False),
         telemetry_path=src.text("web.telemetry-path") or defaults.DEFAULT_TELEMETRY_PATH,
         const_labels=_labels(src),
         tags=tuple(dict.fromkeys(_words(src.text("tag") or ""))),

@@ -35,7 +35,10 @@ _EOF = b"# EOF\n"
 
 
 def negotiate(accept: str | None) -> Format:
-    """OpenMetrics only when the Accept header asks for it at least as much as for text."""
+    """OpenMetrics only when the Accept header asks for it at least as much as for text.
+
+    Consulted only with ``--web.enable-openmetrics``; otherwise the answer is text.
+    """
     if not accept:
         return Format.TEXT
     q_by_media: dict[str, float] = {}

@@ -73,6 +73,10 @@ FLAGS = (
          defaults.DEFAULT_LISTEN, "Address to serve on; repeat the flag for several."),
     Flag("web.config.file",     "",  "",                     _V, "PATH",     "",
          "TLS and basic-auth settings, in the exporter-toolkit web config format."),
+    Flag("web.enable-openmetrics", "", _ENV + "ENABLE_OPENMETRICS", _S, "", "false",
+         "Answer in OpenMetrics when the scraper asks for it. Off by default, as in the Go "
+         "exporter: OpenMetrics requires counters to end in _total, so Prometheus would "
+         "store every counter under a new name."),
     Flag("web.telemetry-path",  "P", _ENV + "TELEMETRY_PATH", _V, "PATH",
          defaults.DEFAULT_TELEMETRY_PATH, "Path of the metrics page."),
     Flag("label",               "l", _ENV + "LABEL",         _V, "K=V,...",  "",

@@ -28,6 +28,7 @@ class Settings:
     config: str | None = None  # resolved path of a collector file or directory
     listen_addresses: tuple[str, ...] = (DEFAULT_LISTEN,)
     web_config_file: str | None = None
+    openmetrics: bool = False  # answer OpenMetrics when asked; the Go exporter never does
     telemetry_path: str = DEFAULT_TELEMETRY_PATH
     const_labels: tuple[tuple[str, str], ...] = ()
     tags: tuple[str, ...] = ()

@@ -18,7 +18,14 @@ from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, budget_seconds
 from exporter.collection import Exporter
 from exporter.definitions import Definitions
 from exporter.errors import UsageError
-from exporter.exposition import Family, content_type, encode, negotiate, runtime_families
+from exporter.exposition import (
+    Family,
+    Format,
+    content_type,
+    encode,
+    negotiate,
+    runtime_families,
+)
 from exporter.health import HEALTH_PATHS, HEALTH_PROBE, add_health_routes, health_context
 from exporter.pages import (
     explain_handler,
@@ -93,7 +100,9 @@ async def metrics_handler(request: web.Request) -> web.StreamResponse:
         if snapshot.interrupted is not None:
             state.admission.note_interrupted(snapshot.interrupted)
             return web.Response(status=503, text=_OUT_OF_BUDGET)  # B21: never partial
-        fmt = negotiate(request.headers.get("Accept"))
+        fmt = (
+            negotiate(request.headers.get("Accept")) if state.settings.openmetrics else Format.TEXT
+        )
         body = encode(_all_families(state, snapshot.families), fmt)
         return await _write(request, body, content_type(fmt))  # lock already released (B20)
 

@@ -172,7 +172,7 @@ async def test_scrapes_sharing_a_pass_each_get_their_own_encoding(
     plain text, each get what they asked for: nothing of a request is kept on the shared
     pass (B22)."""
     m = _marker()
-    served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60))
+    served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60), openmetrics=True)
     rich = await RawClient.send(
         served.port,
         headers={"Accept": "application/openmetrics-text; version=1.0.0",

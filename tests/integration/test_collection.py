@@ -375,18 +375,43 @@ async def test_lost_connection_is_replaced_on_next_pass(
     assert value(bodies[-1], "simple_one") == 1
 
 
-async def test_openmetrics_and_gzip_are_negotiated(
+_COUNTER_TEXT = """
+om:
+  query: SELECT 5::bigint AS events
+  timeout: 5
+  metrics:
+    - events: {usage: COUNTER, description: events seen}
+"""
+_PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+async def test_text_format_whatever_the_scraper_asks(
     aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
 ) -> None:
-    """OpenMetrics when asked (counters end in _total, # EOF), gzip when accepted (B22)."""
-    text = """
-    om:
-      query: SELECT 5::bigint AS events
-      timeout: 5
-      metrics:
-        - events: {usage: COUNTER, description: events seen}
-    """
-    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    """Prometheus's default Accept (OpenMetrics first) still gets text 0.0.4: counters keep
+    their names, as the Go exporter serves them; gzip still applies."""
+    client = await _client(aiohttp_client, pg18, _COUNTER_TEXT, tmp_path)
+    response = await client.get(
+        "/metrics", headers={"Accept": _PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
+    )
+    assert response.status == 200
+    assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert response.headers["Content-Encoding"] == "gzip"
+    body = await response.text()
+    assert "# TYPE om_events counter\nom_events 5\n" in body
+    assert "om_events_total" not in body
+    assert "# EOF" not in body
+
+
+async def test_openmetrics_and_gzip_are_negotiated_when_enabled(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """With --web.enable-openmetrics: OpenMetrics when asked (counters end in _total,
+    # EOF), gzip when accepted (B22)."""
+    client = await _client(aiohttp_client, pg18, _COUNTER_TEXT, tmp_path, openmetrics=True)
     response = await client.get(
         "/metrics",
         headers={
