@@ -28,14 +28,23 @@ log = logging.getLogger(__name__)
 _PORT_MAX = 65535
 
 
-def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
-    """Settings from flags, then environment, then defaults; UsageError on anything wrong."""
-    src = _Source(scan(argv), environ)
+def parse_settings(
+    argv: Sequence[str], environ: Mapping[str, str], warnings: list[str] | None = None
+) -> Settings:
+    """Settings from flags, then environment, then defaults; UsageError on anything wrong.
+
+    What the Go exporter tolerates (a malformed ``--label`` item) is skipped and
+    described in ``warnings`` instead, for the caller to log.
+    """
+    src = _Source(scan(argv), environ, warnings if warnings is not None else [])
+    config, config_origin = _config(src)
     return Settings(
         url=with_sslmode(_url(src)),
-        config=_config(src),
+        config=config,
+        config_origin=config_origin,
         listen_addresses=tuple(_listen(a) for a in src.given.get("web.listen-address", []))
         or (defaults.DEFAULT_LISTEN,),
+        systemd_socket=src.switch("web.systemd-socket", default=False),
         web_config_file=_existing_file(src, "web.config.file"),
         openmetrics=src.switch("web.enable-openmetrics", default=False),
         telemetry_path=src.text("web.telemetry-path") or defaults.DEFAULT_TELEMETRY_PATH,
@@ -63,9 +72,12 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
 class _Source:
     """Looks a setting up on the command line first, then in the environment."""
 
-    def __init__(self, given: dict[str, list[str]], environ: Mapping[str, str]) -> None:
+    def __init__(
+        self, given: dict[str, list[str]], environ: Mapping[str, str], warnings: list[str]
+    ) -> None:
         self.given = given
         self.environ = environ
+        self.warnings = warnings
 
     def lookup(self, name: str) -> tuple[str, str] | None:
         """(value, where it came from) or None; an empty variable counts as unset."""
@@ -108,16 +120,14 @@ def _url(src: _Source) -> str:
     return url
 
 
-def _config(src: _Source) -> str:
+def _config(src: _Source) -> tuple[str, str]:
+    """(path, origin). A named path is checked when loading (exit 2, as the Go exporter)."""
     found = src.lookup("config")
     if found:
-        path, origin = found
-        if not os.path.exists(path):
-            raise UsageError(f"config path {path!r} (from {origin}) does not exist")
-        return path
+        return found
     for candidate in defaults.CONFIG_CANDIDATES:
         if os.path.exists(candidate):
-            return candidate
+            return candidate, "the default lookup"
     raise UsageError(
         f"no collector config found (looked for {', '.join(defaults.CONFIG_CANDIDATES)}); "
         "give one with --config or $PG_EXPORTER_CONFIG"
@@ -152,7 +162,11 @@ def _database_list(src: _Source, name: str, default: tuple[str, ...]) -> tuple[s
 
 
 def _labels(src: _Source) -> tuple[tuple[str, str], ...]:
-    """``k=v,k2=v2`` → pairs, with label names checked the way Prometheus checks them."""
+    """``k=v,k2=v2`` → pairs, with label names checked the way Prometheus checks them.
+
+    As in the Go exporter, a malformed item is skipped (with a warning) rather than
+    stopping start-up, and a repeated name keeps its last value.
+    """
     found = src.lookup("label")
     if found is None:
         return ()
@@ -161,12 +175,13 @@ def _labels(src: _Source) -> tuple[tuple[str, str], ...]:
     for item in _words(text):
         key, equals, value = (part.strip() for part in item.partition("="))
         if not equals or not LABEL_NAME.fullmatch(key) or key.startswith("__"):
-            raise UsageError(
-                f"{origin}: {item!r} is not name=value with a valid label name "
+            src.warnings.append(
+                f"{origin}: skipping {item!r}: not name=value with a valid label name "
                 "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
             )
+            continue
         if key in pairs:
-            raise UsageError(f"{origin}: label {key!r} is given twice")
+            src.warnings.append(f"{origin}: label {key!r} is given twice; the last value wins")
         pairs[key] = value
     return tuple(pairs.items())
 
@@ -214,10 +229,20 @@ def _choice(src: _Source, name: str, allowed: tuple[str, ...], default: str) -> 
     return found[0].lower()
 
 
+#: libpq reads these behind the URL's back (a service file can name another server).
+LIBPQ_OVERRIDES = ("PGSERVICE", "PGSERVICEFILE", "PGSYSCONFDIR", "PGLOCALEDIR", "PGREALM")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run pg_exporter; returns the process exit code."""
+    """Run pg_exporter; returns the process exit code.
+
+    0 success; 1 bad usage, serving errors, or ``--dry-run`` on a config that does
+    not load; 2 when the exporter cannot be created (config path missing or invalid,
+    const-label conflict, ``--fail-fast`` with the target unreachable).
+    """
+    warnings: list[str] = []
     try:
-        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ, warnings)
     except InfoRequested as info:
         print(info.text)
         return 0
@@ -225,16 +250,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pg_exporter: {exc}", file=sys.stderr)
         return 1
     configure_logging(settings.log_level, settings.log_format)
+    for warning in warnings:
+        log.warning(warning)
+    _clear_libpq_overrides()
     try:
         return _run(settings)
     except (ConfigError, UsageError) as exc:  # UsageError here: e.g. a bad --web.config.file
         print(f"pg_exporter: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        return 2 if isinstance(exc, ConfigError) and not settings.dry_run else 1
     except KeyboardInterrupt:
         return 130
     except Exception:
         log.exception("pg_exporter stopped on an unexpected error")
         return 1
+
+
+def _clear_libpq_overrides() -> None:
+    """Drop the libpq variables that could point the connection elsewhere than the URL."""
+    for name in LIBPQ_OVERRIDES:
+        if os.environ.pop(name, None) is not None:
+            log.warning("cleared $%s: it could override the target URL", name)
 
 
 def _run(settings: Settings) -> int:

@@ -20,8 +20,9 @@ from exporter import settings as defaults
 from exporter.errors import UsageError
 from exporter.logs import FORMATS, LEVELS
 
-TRUE = ("true", "1", "yes")
-FALSE = ("false", "0", "no")
+# Go's strconv.ParseBool spellings (compared lower-cased), plus yes/no.
+TRUE = ("true", "t", "1", "yes")
+FALSE = ("false", "f", "0", "no")
 
 
 class InfoRequested(Exception):
@@ -71,6 +72,9 @@ FLAGS = (
          + ", ".join(defaults.CONFIG_CANDIDATES) + "."),
     Flag("web.listen-address",  "",  "",                     _L, "[HOST]:PORT",
          defaults.DEFAULT_LISTEN, "Address to serve on; repeat the flag for several."),
+    Flag("web.systemd-socket",  "",  "",                     _S, "",         "false",
+         "Serve on the sockets systemd passes (socket activation) instead of "
+         "--web.listen-address."),
     Flag("web.config.file",     "",  "",                     _V, "PATH",     "",
          "TLS and basic-auth settings, in the exporter-toolkit web config format."),
     Flag("web.enable-openmetrics", "", _ENV + "ENABLE_OPENMETRICS", _S, "", "false",

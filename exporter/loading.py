@@ -236,6 +236,9 @@ def load_for_settings(settings: Settings) -> Definitions:
     Used at start and by reload, so both accept exactly the same configs.
     """
     assert settings.config is not None  # the CLI always resolves it
+    if not os.path.exists(settings.config):
+        origin = f" (from {settings.config_origin})" if settings.config_origin else ""
+        raise ConfigError([], f"config path {settings.config!r}{origin} does not exist")
     definitions = load_definitions(settings.config)
     clashes = const_label_problems(
         definitions.collectors,

@@ -26,7 +26,9 @@ class Settings:
 
     url: str = DEFAULT_URL  # sslmode already injected
     config: str | None = None  # resolved path of a collector file or directory
+    config_origin: str = ""  # where the path came from (--config, $PG_EXPORTER_CONFIG), for errors
     listen_addresses: tuple[str, ...] = (DEFAULT_LISTEN,)
+    systemd_socket: bool = False  # serve the sockets systemd passes instead of listening
     web_config_file: str | None = None
     openmetrics: bool = False  # answer OpenMetrics when asked; the Go exporter never does
     telemetry_path: str = DEFAULT_TELEMETRY_PATH

@@ -1,10 +1,14 @@
-"""systemd's notify protocol (``sd_notify``) without a dependency: readiness, stop, watchdog.
+"""systemd's notify protocol (``sd_notify``) and socket activation, without a dependency.
 
 Under ``Type=notify`` systemd passes ``$NOTIFY_SOCKET``, a datagram socket to
 which the service sends ``READY=1`` once it serves, ``STOPPING=1`` when it
 begins to shut down and, with ``WatchdogSec=``, ``WATCHDOG=1`` more often than
 ``$WATCHDOG_USEC``. Outside systemd the variable is absent and every call here
 is a cheap no-op that returns False.
+
+Socket activation (``sd_listen_fds``): a ``.socket`` unit listens for us and
+passes the sockets as file descriptors 3, 4, … with ``$LISTEN_FDS`` (their
+count) and ``$LISTEN_PID`` (the process they are meant for).
 """
 
 from __future__ import annotations
@@ -75,3 +79,23 @@ async def watchdog_loop(interval: float) -> None:
     while True:
         notify("WATCHDOG=1")
         await asyncio.sleep(interval / 2)
+
+
+LISTEN_FDS_START = 3
+
+
+def listen_sockets() -> list[socket.socket]:
+    """The sockets systemd passed to this process; empty when it passed none to us.
+
+    The variables are removed so that no child process takes the sockets as its own.
+    """
+    pid = os.environ.pop("LISTEN_PID", "")
+    count = os.environ.pop("LISTEN_FDS", "")
+    os.environ.pop("LISTEN_FDNAMES", None)
+    if pid != str(os.getpid()) or not count.isdigit():
+        return []
+    sockets = []
+    for fd in range(LISTEN_FDS_START, LISTEN_FDS_START + int(count)):
+        os.set_inheritable(fd, False)
+        sockets.append(socket.socket(fileno=fd))
+    return sockets

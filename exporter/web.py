@@ -8,6 +8,8 @@ import gzip
 import logging
 import resource
 import signal
+import socket
+import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -219,9 +221,7 @@ async def _serve(
     runner = make_runner(app)
     await runner.setup()
     try:
-        for host, port in addresses:
-            await web.TCPSite(runner, host, port, ssl_context=tls).start()
-            log.info("listening", extra={"address": f"{host or ''}:{port}"})
+        await _listen(runner, settings, addresses, tls)
     except OSError as exc:
         log.error("cannot listen: %s", exc)
         await runner.cleanup()
@@ -231,7 +231,8 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     reloads: set[asyncio.Task[tuple[bool, str]]] = set()  # keep references until done
-    loop.add_signal_handler(signal.SIGHUP, _reload_soon, app[STATE], reloads)
+    for sig in (signal.SIGHUP, signal.SIGUSR1):  # the Go exporter reloads on both
+        loop.add_signal_handler(sig, _reload_soon, app[STATE], reloads)
     systemd.ready()
     interval = systemd.watchdog_interval()
     # Pinged from the event loop itself, so a wedged loop stops the pings and
@@ -244,6 +245,31 @@ async def _serve(
     if watchdog is not None:
         watchdog.cancel()
     return 0
+
+
+async def _listen(
+    runner: web.AppRunner,
+    settings: Settings,
+    addresses: list[tuple[str | None, int]],
+    tls: ssl.SSLContext | None,
+) -> None:
+    """Start a site per listen address, or per socket systemd passed (socket activation)."""
+    if not settings.systemd_socket:
+        for host, port in addresses:
+            await web.TCPSite(runner, host, port, ssl_context=tls).start()
+            log.info("listening", extra={"address": f"{host or ''}:{port}"})
+        return
+    sockets = systemd.listen_sockets()
+    if not sockets:
+        raise OSError("--web.systemd-socket is set but systemd passed no socket ($LISTEN_FDS)")
+    for sock in sockets:
+        await web.SockSite(runner, sock, ssl_context=tls).start()
+        log.info("listening on a socket from systemd", extra={"address": _name(sock)})
+
+
+def _name(sock: socket.socket) -> str:
+    address = sock.getsockname()
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 def _reload_soon(state: State, tasks: set[asyncio.Task[tuple[bool, str]]]) -> None:

@@ -74,7 +74,7 @@ def parse(config: str, *argv: str, **environ: str) -> Settings:
 
 def test_defaults(config: str) -> None:
     """With nothing but a config, every setting has its documented default."""
-    assert parse(config) == Settings(config=config)
+    assert parse(config) == Settings(config=config, config_origin="--config")
     settings = parse(config)
     assert settings.url == "postgresql:///?sslmode=disable"
     assert settings.listen_addresses == (":9630",)
@@ -155,12 +155,15 @@ def test_empty_environment_variable_counts_as_unset(config: str) -> None:
 
 
 def test_every_documented_flag_is_in_the_table() -> None:
-    """The flag table holds exactly §1's flags plus our --max-series, with their short forms."""
+    """The flag table holds exactly §1's flags plus our --max-series and
+    --web.enable-openmetrics, with their short forms."""
     table = {flag.name: (flag.short, flag.env) for flag in FLAGS}
     assert table == {
         "help": ("h", ""), "version": ("", ""), "url": ("u", ""),
         "config": ("c", "PG_EXPORTER_CONFIG"), "web.listen-address": ("", ""),
-        "web.config.file": ("", ""), "web.telemetry-path": ("P", "PG_EXPORTER_TELEMETRY_PATH"),
+        "web.config.file": ("", ""), "web.systemd-socket": ("", ""),
+        "web.enable-openmetrics": ("", "PG_EXPORTER_ENABLE_OPENMETRICS"),
+        "web.telemetry-path": ("P", "PG_EXPORTER_TELEMETRY_PATH"),
         "label": ("l", "PG_EXPORTER_LABEL"), "tag": ("t", "PG_EXPORTER_TAG"),
         "disable-cache": ("C", "PG_EXPORTER_DISABLE_CACHE"),
         "disable-intro": ("m", "PG_EXPORTER_DISABLE_INTRO"),
@@ -200,10 +203,12 @@ def test_switch_spellings(config: str, name: str, short: str, field: str, defaul
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("TRUE", True), ("false", False), ("1", True), ("0", False), ("yes", True), ("No", False)],
-)
+    [("TRUE", True), ("false", False), ("1", True), ("0", False), ("yes", True), ("No", False),
+     ("t", True), ("T", True), ("f", False), ("F", False), ("True", True), ("False", False)],
+)  # fmt: skip
 def test_switch_environment_spellings(config: str, text: str, value: bool) -> None:
-    """Switch variables accept true/false/1/0/yes/no, case-insensitive."""
+    """Switch variables accept Go's spellings (1 t T TRUE true True, 0 f F FALSE false
+    False) and yes/no, case-insensitive."""
     assert parse(config, PG_EXPORTER_DISABLE_CACHE=text).disable_cache is value
 
 
@@ -256,18 +261,38 @@ def test_labels_are_stripped_and_keep_order(config: str) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("novalue", "'novalue' is not name=value"),
-        ("1abc=x", "'1abc=x' is not name=value"),
-        ("a-b=x", "is not name=value"),
+        ("novalue", "skipping 'novalue': not name=value"),
+        ("1abc=x", "skipping '1abc=x': not name=value"),
+        ("a-b=x", "skipping 'a-b=x'"),
         ("__reserved=x", "not starting with __"),
-        ("=x", "is not name=value"),
-        ("a=1,a=2", "label 'a' is given twice"),
+        ("=x", "skipping '=x'"),
     ],
 )
-def test_bad_labels(config: str, text: str, message: str) -> None:
-    """Invalid, reserved or duplicate label names are usage errors naming the label."""
-    with pytest.raises(UsageError, match=message):
-        parse(config, "-l", text)
+def test_bad_label_items_are_skipped_with_a_warning(config: str, text: str, message: str) -> None:
+    """As in the Go exporter, a malformed item is skipped and named in a warning; the
+    good items around it stay."""
+    warnings: list[str] = []
+    settings = parse_settings(["-c", config, "-l", f"env=prod,{text},dc=eu"], {}, warnings)
+    assert settings.const_labels == (("env", "prod"), ("dc", "eu"))
+    assert len(warnings) == 1
+    assert message in warnings[0]
+    assert warnings[0].startswith("--label: ")
+
+
+def test_repeated_label_keeps_the_last_value(config: str) -> None:
+    """A name given twice keeps its last value, with a warning."""
+    warnings: list[str] = []
+    settings = parse_settings(["-c", config], {"PG_EXPORTER_LABEL": "a=1,a=2"}, warnings)
+    assert settings.const_labels == (("a", "2"),)
+    assert warnings == ["$PG_EXPORTER_LABEL: label 'a' is given twice; the last value wins"]
+
+
+def test_main_logs_skipped_label_items_and_starts(
+    config: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A malformed --label item does not stop start-up: it is logged and skipped."""
+    assert main(["--dry-run", "-c", config, "--label", "oops,cluster=main"]) == 0
+    assert "level=warn msg=\"--label: skipping 'oops'" in capsys.readouterr().err
 
 
 def test_tags_are_deduplicated(config: str) -> None:
@@ -419,10 +444,21 @@ def test_no_config_found_says_what_was_looked_for(monkeypatch: pytest.MonkeyPatc
     [(["-c", "/nonexistent.yml"], {}, "--config"),
      ([], {"PG_EXPORTER_CONFIG": "/nonexistent.yml"}, "\\$PG_EXPORTER_CONFIG")],
 )  # fmt: skip
-def test_missing_config_path(argv: list[str], env: dict[str, str], origin: str) -> None:
-    """A config path that does not exist is refused, naming the path and where it came from."""
-    with pytest.raises(UsageError, match=f"'/nonexistent.yml' \\(from {origin}\\) does not exist"):
-        parse_settings(argv, env)
+def test_missing_config_path(
+    argv: list[str],
+    env: dict[str, str],
+    origin: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A config path that does not exist exits 2 (the exporter cannot be created), naming
+    the path and where it came from; with --dry-run it is a config that does not load: 1."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    message = f"'/nonexistent.yml' (from {origin.replace(chr(92), '')}) does not exist"
+    assert message in capsys.readouterr().err
+    assert main([*argv, "--dry-run"]) == 1
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -458,9 +494,7 @@ def test_main_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert sys.platform in out
 
 
-@pytest.mark.parametrize(
-    "argv", [["--bogus"], ["-c", "/nonexistent.yml"], ["--log.level=loud"], ["stray"]]
-)
+@pytest.mark.parametrize("argv", [["--bogus"], ["--log.level=loud"], ["stray"]])
 def test_main_usage_error_is_one_line_exit_1(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -527,13 +561,16 @@ def test_main_dry_run_prints_collectors(
 
 @pytest.mark.parametrize("label", ["db=x", "datname=x"])
 def test_main_const_label_conflict_exits_2(
-    config: str, label: str, capsys: pytest.CaptureFixture[str]
+    config: str, label: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A --label clashing with a collector's or self-metric's label exits 2 naming it (§1)."""
-    assert main(["--dry-run", "-c", config, "--label", label]) == 2
+    """A --label clashing with a collector's or self-metric's label exits 2 naming it (§1);
+    --dry-run reports the same and exits 1."""
+    _fake_module(monkeypatch, "exporter.web", run=lambda *a: pytest.fail("served"))
+    assert main(["-c", config, "--label", label]) == 2
     err = capsys.readouterr().err
     assert label.split("=", maxsplit=1)[0] in err
     assert "conflict" in err
+    assert main(["--dry-run", "-c", config, "--label", label]) == 1
 
 
 def test_main_const_label_without_conflict_is_fine(config: str) -> None:
@@ -541,11 +578,16 @@ def test_main_const_label_without_conflict_is_fine(config: str) -> None:
     assert main(["--dry-run", "-c", config, "--label", "cluster=main"]) == 0
 
 
-def test_main_invalid_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An invalid collector file exits 2 with its problems on stderr."""
+def test_main_invalid_config_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An invalid collector file exits 2 with its problems on stderr (1 with --dry-run)."""
     bad = tmp_path / "bad.yml"
     bad.write_text("pg_bad:\n  metrics: []\n")
-    assert main(["--dry-run", "-c", str(bad)]) == 2
+    _fake_module(monkeypatch, "exporter.web", run=lambda *a: pytest.fail("served"))
+    assert main(["-c", str(bad)]) == 2
+    capsys.readouterr()
+    assert main(["--dry-run", "-c", str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "pg_exporter: " in captured.err

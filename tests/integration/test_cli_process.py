@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +83,71 @@ def test_fail_fast_exits_2_when_target_unreachable() -> None:
         cwd=REPO, capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr.decode()
+
+
+_ONE = """
+first:
+  query: SELECT 1 AS one
+  timeout: 5
+  metrics:
+    - one: {usage: GAUGE, description: one}
+"""
+_TWO = _ONE.replace("first", "second")
+# What systemd does for a socket unit: the socket as fd 3, LISTEN_PID the service's pid.
+_AS_SYSTEMD_WOULD = """
+import os, sys
+os.dup2(int(sys.argv[1]), 3)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")
+os.execv(sys.executable, [sys.executable, "-m", "exporter", *sys.argv[2:]])
+"""
+
+
+def test_socket_activation_sigusr1_reload_and_libpq_variables(
+    pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """Go-compatible start-up: with --web.systemd-socket the exporter serves the socket
+    passed by the LISTEN_FDS protocol (fd 3, LISTEN_PID = its own pid); PGSERVICE, which
+    would make libpq fail or connect elsewhere, is cleared with a warning; SIGUSR1
+    reloads the collector files like SIGHUP."""
+    config = tmp_path / "conf"
+    config.mkdir()
+    (config / "1-first.yml").write_text(_ONE)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    fd = listener.fileno()
+    process = subprocess.Popen(
+        [sys.executable, "-c", _AS_SYSTEMD_WOULD, str(fd), "-u", pg18.dsn(), "-c", str(config),
+         "--web.systemd-socket", "-T", "5000", "--no-auto-discovery"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=(fd,),
+        env={**os.environ, "PGSERVICE": "nowhere"},
+    )  # fmt: skip
+    listener.close()  # the child holds its own copy as fd 3
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        wait_for(lambda: _get(url)[0] == 200, "the exporter to serve the passed socket")
+        body = _get(url)[1]
+        assert value(body, "pg_up") == 1
+        assert value(body, "first_one") == 1
+        (config / "2-second.yml").write_text(_TWO)
+        process.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "second_one 1" in _get(url)[1], "SIGUSR1 to load the second file")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stderr = process.stderr.read().decode() if process.stderr else ""
+    assert "cleared $PGSERVICE" in stderr
+    assert "listening on a socket from systemd" in stderr
+
+
+def test_systemd_socket_without_sockets_exits_1(tmp_path: Path) -> None:
+    """--web.systemd-socket outside socket activation stops with exit 1 and a reason."""
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "-u", f"postgresql://127.0.0.1:{free_port()}/x",
+         "-c", str(COLLECTORS), "--web.systemd-socket"],
+        cwd=REPO, capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "systemd passed no socket" in result.stderr.decode()
