@@ -22,13 +22,13 @@ SUPPORTED = (130000, 140000, 150000, 160000, 170000, 180000)
 # Every family of the default library (issue 6), by where it may be planned.
 CLUSTER_FAMILIES = (
     "pg", "pg_meta", "pg_setting",
-    "pg_repl", "pg_downstream", "pg_slot", "pg_sub",
+    "pg_repl", "pg_sync_standby", "pg_downstream", "pg_slot", "pg_sub",
     "pg_archiver", "pg_timeline", "pg_size", "pg_size_wal", "pg_ssl",
     "pg_io", "pg_bgwriter", "pg_checkpointer", "pg_checkpoint", "pg_slru", "pg_wal",
     "pg_db", "pg_db_confl", "pg_activity", "pg_wait", "pg_backend", "pg_xact", "pg_xact_age",
     "pg_lock", "pg_query", "pg_vacuuming", "pg_indexing", "pg_clustering", "pg_backup",
 )  # fmt: skip
-PRIMARY_ONLY = ("pg_sync_standby",)
+PRIMARY_ONLY: tuple[str, ...] = ()
 REPLICA_ONLY = ("pg_recv", "pg_recovery", "pg_recovery_prefetch")
 PER_DATABASE = (
     "pg_table", "pg_index", "pg_func", "pg_seq", "pg_relkind", "pg_defpart",
