@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 from exporter import __version__
 from exporter.admission import Admission
-from exporter.cache import ttl_left
 from exporter.collection import Exporter
 from exporter.exposition import Family, make_family
 from exporter.server import Server
+from exporter.stat import CollectorRow, collector_rows
 
 Labels = Sequence[tuple[str, str]]
 Samples = list[tuple[Labels, float]]
@@ -38,12 +38,14 @@ class SelfMetrics:
 
     def families(self, exporter: Exporter, admission: Admission) -> list[Family]:
         """Every self-metric family for the exporter's current state."""
+        rows = collector_rows(exporter.servers, exporter.clock())
         return [
             *self.target(exporter),
             *self.exporter(exporter),
             *self.per_server(exporter),
+            *self.per_query(rows),
             *self.requests(admission),
-            self.outcomes(exporter.servers),
+            self.outcomes(rows),
         ]
 
     def requests(self, admission: Admission) -> list[Family]:
@@ -70,14 +72,13 @@ class SelfMetrics:
                          _b(admission.last_shared)),
         ]  # fmt: skip
 
-    def outcomes(self, servers: Iterable[Server]) -> Family:
+    def outcomes(self, rows: Iterable[CollectorRow]) -> Family:
         """Collector executions by outcome (D10)."""
         samples: Samples = []
-        for server in servers:
-            for key, stats in server.stats.items():
-                for outcome, count in stats.outcomes.items():
-                    labels = (("datname", server.label), ("query", key), ("outcome", outcome.value))
-                    samples.append((labels, float(count)))
+        for row in rows:
+            for outcome, count in row.outcomes.items():
+                labels = (("datname", row.datname), ("query", row.name), ("outcome", outcome.value))
+                samples.append((labels, float(count)))
         return self._family(
             "exporter_query_outcome_total",
             "counter",
@@ -155,7 +156,7 @@ class SelfMetrics:
         ]
 
     def per_server(self, exporter: Exporter) -> list[Family]:
-        """Per-database and per-collector statistics."""
+        """Per-database statistics."""
         servers = exporter.servers
         per_db: list[tuple[str, str, Callable[[Server], float]]] = [
             (
@@ -179,15 +180,13 @@ class SelfMetrics:
                 lambda s: float(s.error_count),
             ),
         ]
-        out = [
+        return [
             self._family(name, "gauge", help_, [((("datname", s.label),), get(s)) for s in servers])
             for name, help_, get in per_db
         ]
-        out.extend(self.per_query(servers, exporter.clock()))
-        return out
 
-    def per_query(self, servers: Iterable[Server], now: float) -> list[Family]:
-        """``*_exporter_query_*`` families, one sample per collector and database."""
+    def per_query(self, rows: Iterable[CollectorRow]) -> list[Family]:
+        """``*_exporter_query_*`` families, one sample per collector name and database."""
         names = {
             "cache_ttl": "seconds until the collector's cached result expires",
             "scrape_total_count": "executions and cache hits of the collector",
@@ -198,26 +197,21 @@ class SelfMetrics:
             "scrape_metric_count": "series the collector's last execution produced",
         }
         samples: dict[str, Samples] = {name: [] for name in names}
-        for server in servers:
-            if server.plan is None:
+        for row in rows:
+            if not row.ran:
                 continue
-            for collector in server.plan.planned:
-                stats = server.stats.get(collector.key)
-                if stats is None:
-                    continue
-                labels = (("datname", server.label), ("query", collector.key))
-                entry = server.entries.get(collector.key)
-                values = {
-                    "cache_ttl": ttl_left(entry, collector.ttl, now),
-                    "scrape_total_count": stats.total,
-                    "scrape_hit_count": stats.hits,
-                    "scrape_error_count": stats.errors,
-                    "scrape_predicate_skip_count": stats.skips,
-                    "scrape_duration": stats.last_duration,
-                    "scrape_metric_count": stats.series,
-                }
-                for name, value in values.items():
-                    samples[name].append((labels, float(value)))
+            labels = (("datname", row.datname), ("query", row.name))
+            values = {
+                "cache_ttl": row.ttl_left,
+                "scrape_total_count": row.total,
+                "scrape_hit_count": row.hits,
+                "scrape_error_count": row.errors,
+                "scrape_predicate_skip_count": row.skips,
+                "scrape_duration": row.last_duration,
+                "scrape_metric_count": row.series,
+            }
+            for name, value in values.items():
+                samples[name].append((labels, float(value)))
         return [
             self._family(f"exporter_query_{name}", "gauge", help_, samples[name])
             for name, help_ in names.items()

@@ -1,9 +1,70 @@
-"""``/stat``: per-collector statistics as a plain text table."""
+"""Per-collector statistics: one walk for ``/stat`` and the ``…_query_*`` self-metrics.
+
+Both are keyed by the collector's ``name`` (``pg_db``), as in the Go exporter and
+its dashboards, not by the branch key (``pg_db_18``). Planning keeps one branch
+of a name per server in the shipped library; should a config plan several, their
+figures add up under the one name instead of colliding.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
 from exporter.cache import Outcome, ttl_left
 from exporter.collection import Exporter
+from exporter.server import Server
+
+
+@dataclass(slots=True)
+class CollectorRow:
+    """What one collector name did on one database since start (or the last reload)."""
+
+    datname: str
+    name: str
+    branches: list[str] = field(default_factory=list)  # planned branch keys of this name
+    ran: bool = False  # False until some branch of the name was executed or served
+    total: int = 0
+    hits: int = 0
+    errors: int = 0
+    skips: int = 0
+    series: int = 0
+    last_duration: float = 0.0
+    ttl: float = 0.0
+    ttl_left: float = 0.0
+    outcomes: dict[Outcome, int] = field(default_factory=dict)
+
+
+def collector_rows(servers: Iterable[Server], now: float) -> list[CollectorRow]:
+    """One row per planned collector name and database, in run order."""
+    rows: list[CollectorRow] = []
+    for server in servers:
+        if server.plan is None:
+            continue
+        by_name: dict[str, CollectorRow] = {}
+        for collector in server.plan.planned:
+            row = by_name.get(collector.name)
+            if row is None:
+                row = by_name[collector.name] = CollectorRow(server.label, collector.name)
+                rows.append(row)
+            row.branches.append(collector.key)
+            row.ttl = max(row.ttl, collector.ttl)
+            entry = server.entries.get(collector.key)
+            row.ttl_left = max(row.ttl_left, ttl_left(entry, collector.ttl, now))
+            stats = server.stats.get(collector.key)
+            if stats is None:
+                continue
+            row.ran = True
+            row.total += stats.total
+            row.hits += stats.hits
+            row.errors += stats.errors
+            row.skips += stats.skips
+            row.series += stats.series
+            row.last_duration += stats.last_duration
+            for outcome, count in stats.outcomes.items():
+                row.outcomes[outcome] = row.outcomes.get(outcome, 0) + count
+    return rows
+
 
 _HEADER = (
     "datname",
@@ -17,38 +78,32 @@ _HEADER = (
     "ttl_left",
     "last_duration",
     "outcomes",
+    "branch",
 )
 
 
 def stat_text(exporter: Exporter) -> str:
-    """One row per planned collector and database, aligned in columns."""
-    now = exporter.clock()
-    rows: list[tuple[str, ...]] = [_HEADER]
-    for server in exporter.servers:
-        if server.plan is None:
-            continue
-        for collector in server.plan.planned:
-            stats = server.stats.get(collector.key)
-            entry = server.entries.get(collector.key)
-            outcomes = ",".join(
-                f"{o.value}={stats.outcomes[o]}" for o in Outcome if stats and o in stats.outcomes
+    """One row per planned collector name and database, aligned in columns."""
+    table: list[tuple[str, ...]] = [_HEADER]
+    for row in collector_rows(exporter.servers, exporter.clock()):
+        outcomes = ",".join(f"{o.value}={row.outcomes[o]}" for o in Outcome if o in row.outcomes)
+        table.append(
+            (
+                row.datname,
+                row.name,
+                str(row.total),
+                str(row.hits),
+                str(row.errors),
+                str(row.skips),
+                str(row.series),
+                f"{row.ttl:g}",
+                f"{row.ttl_left:.1f}",
+                f"{row.last_duration:.4f}" if row.ran else "-",
+                outcomes or "-",
+                ",".join(row.branches),
             )
-            rows.append(
-                (
-                    server.label,
-                    collector.key,
-                    str(stats.total if stats else 0),
-                    str(stats.hits if stats else 0),
-                    str(stats.errors if stats else 0),
-                    str(stats.skips if stats else 0),
-                    str(stats.series if stats else 0),
-                    f"{collector.ttl:g}",
-                    f"{ttl_left(entry, collector.ttl, now):.1f}",
-                    f"{stats.last_duration:.4f}" if stats else "-",
-                    outcomes or "-",
-                )
-            )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER))]
     return "".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in rows
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table
     )

@@ -149,7 +149,8 @@ async def test_slow_collector_times_out_without_blanking_others(
     assert value(again, outcome, query="slow", outcome="cached") == 1
     assert value(again, outcome, query="fast", outcome="ok") == 2  # ttl 0: every pass
     stat = await (await client.get("/stat")).text()
-    rows = {line.split()[1]: line.split()[-1] for line in stat.splitlines()[1:]}
+    # Columns: datname query … outcomes branch
+    rows = {line.split()[1]: line.split()[-2] for line in stat.splitlines()[1:]}
     assert rows["slow"] == "cached=1,timeout=1", stat
 
 
@@ -591,3 +592,55 @@ async def test_every_self_metric_with_type_labels_and_const_labels(
         assert all(set(k) == labels | {"cls", "env"} for k in keys), (name, keys)
     assert all(dict(lbls).get("cls") == "main" for _, lbls in found)
     assert value(body, "process_resident_memory_bytes") > 0
+
+
+async def test_query_label_and_stat_use_the_collector_name(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """The ``query`` label of every ``…_query_*`` self-metric and the /stat key are the
+    collector's name (``verbranch``), as in the Go exporter and its dashboards, never the
+    branch key; two planned branches of one name add up instead of colliding."""
+    text = """
+    verbranch_18:
+      name: verbranch
+      query: SELECT 1 AS a
+      timeout: 5
+      min_version: 180000
+      metrics:
+        - a: {usage: GAUGE, description: a}
+    verbranch_15:
+      name: verbranch
+      query: SELECT 1 AS a
+      timeout: 5
+      max_version: 160000
+      metrics:
+        - a: {usage: GAUGE, description: a}
+    twice_a:
+      name: twice
+      query: SELECT 1 AS a
+      timeout: 5
+      metrics:
+        - a: {usage: GAUGE, description: a}
+    twice_b:
+      name: twice
+      query: SELECT 2 AS b
+      timeout: 5
+      metrics:
+        - b: {usage: GAUGE, description: b}
+    """
+    client = await _client(aiohttp_client, pg18, text, tmp_path)
+    await _scrape(client)
+    body = await _scrape(client)
+    queries = {dict(labels).get("query") for name, labels in samples(body)
+               if name.startswith("pg_exporter_query_")}  # fmt: skip
+    assert queries == {"verbranch", "twice"}
+    assert value(body, "pg_exporter_query_scrape_total_count", query="verbranch") == 2
+    assert value(body, "pg_exporter_query_scrape_total_count", query="twice") == 4
+    assert value(body, "pg_exporter_query_scrape_metric_count", query="twice") == 2
+    assert value(body, "pg_exporter_query_outcome_total", query="twice", outcome="ok") == 4
+    stat = (await (await client.get("/stat")).text()).splitlines()
+    keys = [line.split()[1] for line in stat[1:]]
+    assert sorted(keys) == ["twice", "verbranch"]
+    assert stat[0].split()[-1] == "branch"
+    assert any(line.endswith("twice_a,twice_b") for line in stat)
+    assert any(line.endswith(" verbranch_18") for line in stat)
