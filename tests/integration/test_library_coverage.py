@@ -222,7 +222,7 @@ async def test_whole_library_runs_clean_on_replica(
     _report(f"PostgreSQL {pg18_replica.version} replica as {user}", scrape)
     assert scrape.failures == []
     assert value(scrape.body, "pg_in_recovery") == 1
-    assert _has(scrape.body, "pg_recv_flushed_lsn")
+    assert _has(scrape.body, "pg_recv_flush_lsn")
     assert _has(scrape.body, "pg_recovery_replay_pending_bytes")
     assert scrape.planned >= MIN_PLANNED["replica"]
     assert scrape.families >= MIN_FAMILIES
