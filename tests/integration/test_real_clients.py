@@ -1,0 +1,259 @@
+"""Drop-in, judged by real clients: a Prometheus with default scrape settings stores our
+names as the Go exporter's dashboards know them, and a real HAProxy routes writes the
+way its health checks against the Go exporter would (issue 11)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.localpg import LocalCluster, free_port, pg18_bindir
+from tests.integration.helpers import COLLECTORS, REPO, samples, wait_for
+
+
+def _get(url: str, method: str = "GET") -> tuple[int, str]:
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def _exporter(cluster: LocalCluster, log: Path, *extra: str) -> Iterator[int]:
+    """``python -m exporter`` with the default library against ``cluster``; its port."""
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "-u", cluster.dsn(), "-c", str(COLLECTORS),
+             "--web.listen-address", f"127.0.0.1:{port}", "-T", "5000", *extra],
+            cwd=REPO, stdout=sink, stderr=sink, env={**os.environ},
+        )  # fmt: skip
+    try:
+        wait_for(lambda: _get(f"http://127.0.0.1:{port}/version")[0] == 200, "the exporter")
+        yield port
+    finally:
+        _stop(process)
+
+
+# --- Prometheus -------------------------------------------------------------------------
+
+# Only the interval is shortened, so the test need not wait minutes; the scrape protocol
+# (Accept header asking for OpenMetrics first, gzip) is Prometheus's default.
+_PROMETHEUS_CONFIG = """
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: pg
+    static_configs: [{targets: ['127.0.0.1:%d']}]
+"""
+# Series Prometheus makes itself for every target.
+_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped",
+              "scrape_samples_post_metric_relabeling", "scrape_series_added"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _prometheus(target: int, home: Path) -> Iterator[str]:
+    """Debian's prometheus scraping ``target``; yields its API base URL once ready."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is missing: scripts/setup installs it"
+    (home / "prometheus.yml").write_text(_PROMETHEUS_CONFIG % target)
+    port = free_port()
+    with (home / "prometheus.log").open("wb") as sink:
+        process = subprocess.Popen(
+            [binary, f"--config.file={home / 'prometheus.yml'}",
+             f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=sink, stderr=sink,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _get(f"{base}/-/ready")[0] == 200, "prometheus to be ready")
+        yield base
+    finally:
+        _stop(process)
+
+
+def _api(base: str, path: str, **params: str) -> object:
+    query = urllib.parse.urlencode(params)
+    status, text = _get(f"{base}/api/v1/{path}?{query}")
+    assert status == 200, text
+    return json.loads(text)["data"]
+
+
+def _scrapes(base: str) -> int:
+    data = _api(base, "query", query="count_over_time(up[1h])")
+    assert isinstance(data, dict)
+    result = data["result"]
+    return int(float(result[0]["value"][1])) if result else 0
+
+
+def _types(exposition: str) -> dict[str, str]:
+    return {
+        line.split()[2]: line.split()[3]
+        for line in exposition.splitlines()
+        if line.startswith("# TYPE ")
+    }
+
+
+def test_prometheus_stores_every_name_as_exposed(
+    pg18: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real Prometheus with default scrape settings stores exactly the names of our
+    text exposition, with their types: no counter gains ``_total`` (pg_db_xact_commit
+    stays pg_db_xact_commit), so dashboards written for the Go exporter find them."""
+    with (
+        _exporter(pg18, tmp_path / "exporter.log") as port,
+        _prometheus(port, tmp_path) as prometheus,
+    ):
+        wait_for(lambda: _scrapes(prometheus) >= 3, "three scrapes by prometheus")
+        _, exposition = _get(f"http://127.0.0.1:{port}/metrics")
+        stored = _api(prometheus, "label/__name__/values")
+        metadata = _api(prometheus, "metadata")
+    assert isinstance(stored, list)
+    assert isinstance(metadata, dict)
+    exposed = {name for name, _ in samples(exposition)}
+    ours = set(stored) - _SYNTHETIC
+    assert ours - exposed == set(), "stored under names the exposition does not have"
+    assert {"pg_up", "pg_db_xact_commit", "pg_exporter_scrape_total_count"} <= ours
+    assert not {n for n in ours if n.endswith("_total") and n[: -len("_total")] in exposed}
+    types = _types(exposition)
+    mistyped = {
+        name: (entries[0]["type"], types.get(name))
+        for name, entries in metadata.items()
+        if name in types and entries[0]["type"] != types[name]
+    }
+    assert mistyped == {}
+    with capsys.disabled():
+        pg_names = sorted(n for n in ours if n.startswith("pg_"))
+        print(f"\nprometheus stored {len(ours)} names of ours, {len(pg_names)} pg_*")
+
+
+# --- HAProxy ----------------------------------------------------------------------------
+
+# Writes go where OPTIONS /primary (HAProxy's default check method) says 200; reads where
+# GET /replica says 200. Checks every 200 ms; a server is DOWN after two failures.
+_HAPROXY_CONFIG = """
+global
+  maxconn 100
+defaults
+  mode tcp
+  timeout connect 2s
+  timeout client 10s
+  timeout server 10s
+  default-server inter 200ms fall 2 rise 1
+listen writes
+  bind 127.0.0.1:{writes}
+  option httpchk OPTIONS /primary
+  http-check expect status 200
+  server a 127.0.0.1:{pg_a} check port {exp_a}
+  server b 127.0.0.1:{pg_b} check port {exp_b}
+listen reads
+  bind 127.0.0.1:{reads}
+  option httpchk
+  http-check send meth GET uri /replica
+  http-check expect status 200
+  server a 127.0.0.1:{pg_a} check port {exp_a}
+  server b 127.0.0.1:{pg_b} check port {exp_b}
+listen stats
+  mode http
+  bind 127.0.0.1:{stats}
+  stats enable
+  stats uri /stats
+"""
+
+
+@contextlib.contextmanager
+def _haproxy(home: Path, **ports: int) -> Iterator[str]:
+    """Debian's haproxy in the foreground with our config; yields its stats CSV URL."""
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    assert Path(binary).exists(), "haproxy is missing: scripts/setup installs it"
+    config = home / "haproxy.cfg"
+    config.write_text(_HAPROXY_CONFIG.format(**ports))
+    check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, check=False)
+    assert check.returncode == 0, check.stderr.decode()
+    with (home / "haproxy.log").open("wb") as sink:
+        process = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=sink, stderr=sink)
+    url = f"http://127.0.0.1:{ports['stats']}/stats;csv"
+    try:
+        wait_for(lambda: _get(url)[0] == 200, "haproxy's stats page")
+        yield url
+    finally:
+        _stop(process)
+
+
+def _states(stats_url: str) -> dict[tuple[str, str], str]:
+    """(proxy, server) → UP / DOWN as HAProxy's checks decided (no transitional states)."""
+    _, text = _get(stats_url)
+    rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
+    return {
+        (r["pxname"], r["svname"]): r["status"].split()[0]
+        for r in rows
+        if r["svname"] in ("a", "b")
+    }
+
+
+def _settles(stats_url: str, want: dict[tuple[str, str], str]) -> bool:
+    return _states(stats_url) == want
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[LocalCluster, LocalCluster]]:
+    """A primary (a) and its streaming replica (b) of our own: this test stops one."""
+    with LocalCluster(pg18_bindir()) as primary:
+        yield primary, primary.make_replica()
+
+
+def test_haproxy_routes_writes_to_the_primary_only(
+    pair: tuple[LocalCluster, LocalCluster], tmp_path: Path
+) -> None:
+    """HAProxy in front of a primary's and a replica's exporters: OPTIONS /primary marks
+    only the primary UP for writes, GET /replica only the replica UP for reads; once the
+    primary stops, both checks mark it DOWN and the replica keeps serving reads."""
+    primary, replica = pair
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with (
+        _exporter(primary, logs / "a.log", "--no-auto-discovery") as exp_a,
+        _exporter(replica, logs / "b.log", "--no-auto-discovery") as exp_b,
+    ):
+        ports = {"pg_a": primary.port, "pg_b": replica.port, "exp_a": exp_a, "exp_b": exp_b,
+                 "writes": free_port(), "reads": free_port(), "stats": free_port()}  # fmt: skip
+        with _haproxy(tmp_path, **ports) as stats:
+            both_up = {
+                ("writes", "a"): "UP", ("writes", "b"): "DOWN",
+                ("reads", "a"): "DOWN", ("reads", "b"): "UP",
+            }  # fmt: skip
+            wait_for(lambda: _settles(stats, both_up), f"checks to settle as {both_up}")
+            assert _get(f"http://127.0.0.1:{exp_b}/primary", "OPTIONS")[0] == 404
+            primary.stop()
+            primary_down = {**both_up, ("writes", "a"): "DOWN"}
+            wait_for(lambda: _settles(stats, primary_down), f"checks to settle as {primary_down}")
+            assert _get(f"http://127.0.0.1:{exp_a}/primary", "OPTIONS") == (503, "down")
