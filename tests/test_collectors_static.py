@@ -295,7 +295,9 @@ def test_points_in_time_are_gauges() -> None:
     """Timestamps (last_*, *_time of an event) are never typed as counters."""
     for collector in library().collectors:
         for column in collector.value_columns:
-            is_instant = column.name.startswith("last_") or column.name in {
+            # pg_seq's last_value is a sequence position (a counter, as in Go), not a time.
+            is_last = column.name.startswith("last_") and column.name != "last_value"
+            is_instant = is_last or column.name in {
                 "reset_time",
                 "boot_time",
                 "checkpoint_time",

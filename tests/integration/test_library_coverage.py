@@ -195,13 +195,16 @@ async def test_per_database_families_describe_the_objects(
     )
     wait_for(lambda: pg.psql(flushed, dbname=DB).strip() == "2", "the set-up statistics")
     body = (await _scrape(aiohttp_client, pg, SUPERUSER, _definitions())).body
-    assert value(body, "pg_func_calls", datname=DB, funcname="cov_count(c integer)") >= 1
-    assert value(body, "pg_seq_last_value", datname=DB, seqname="cov_tickets") >= 1
-    assert value(body, "pg_seq_used_ratio", datname=DB, seqname="cov_wide") == 0.5
-    assert value(body, "pg_defpart_rows", datname=DB, partname="cov_events_other") > 0
+    calls = value(body, "pg_func_calls", datname=DB, funcname="public.cov_count", args="c integer")
+    assert calls >= 1
+    assert value(body, "pg_seq_last_value", datname=DB, seqname="public.cov_tickets") >= 1
+    assert value(body, "pg_seq_used_ratio", datname=DB, seqname="public.cov_wide") == 0.5
+    assert value(body, "pg_defpart_tuples", datname=DB, relname="public.cov_events_other") > 0
+    assert value(body, "pg_table_n_tup_mod", datname=DB, relname="public.cov_orders") >= 3000
+    assert _has(body, "pg_index_relpages", datname=DB, idxname="public.cov_orders_pkey")
     assert value(body, "pg_pubrel_count", datname=DB, pubname="cov_pub") == 1
-    assert value(body, "pg_relkind_count", datname=DB, relkind="matview") >= 1
-    assert _has(body, "pg_table_size_bytes", datname=DB, relname="cov_orders")
+    assert value(body, "pg_relkind_count", datname=DB, relkind="m") >= 1
+    assert _has(body, "pg_table_size_bytes", datname=DB, relname="public.cov_orders")
     assert _has(body, "pg_sub_enabled", subname="cov_sub")
     assert value(body, "pg_xact_age_seconds_bucket", le="+Inf") >= 0
 
@@ -237,8 +240,8 @@ async def test_branches_skipped_by_default_still_run_for_a_superuser(
     scrape = await _scrape(aiohttp_client, pg, SUPERUSER, _definitions(unskip=True))
     assert scrape.failures == []
     assert _has(scrape.body, "pg_shmem_size")
-    assert _has(scrape.body, "pg_table_bloat_ratio", datname=DB, relname="cov_orders")
-    assert _has(scrape.body, "pg_index_bloat_ratio", datname=DB, indexrelname="cov_orders_pkey")
+    assert _has(scrape.body, "pg_table_bloat_ratio", datname=DB, relname="public.cov_orders")
+    assert _has(scrape.body, "pg_index_bloat_ratio", datname=DB, relname="public.cov_orders_pkey")
 
 
 # --- pgBouncer: the SHOW commands of the 09xx files against a real pgBouncer ----------
