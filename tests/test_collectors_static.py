@@ -39,7 +39,7 @@ PGBOUNCER = frozenset({"pgbouncer_list", "pgbouncer_database", "pgbouncer_stat",
 REQUIRED = CLUSTER_FAMILIES + PRIMARY_ONLY + REPLICA_ONLY + PER_DATABASE
 # Families whose view appeared after 13.
 SINCE = {"pg_wal": 140000, "pg_recovery_prefetch": 150000, "pg_io": 160000}
-PGBOUNCER_VERSIONS = (11800, 11900, 12000, 12100, 12200, 12300, 12400, 12500)
+PGBOUNCER_VERSIONS = (10800, 11500, 11600, 11700, 11800, 12200, 12300, 12400, 12500)
 EXPENSIVE = re.compile(
     r"\b(pg_total_relation_size|pg_relation_size|pg_indexes_size|pg_database_size"
     r"|pg_ls_\w*dir|pg_stats)\b"
@@ -209,20 +209,20 @@ def test_skipped_by_default_are_exactly_the_costly_or_privileged_ones() -> None:
 
 @pytest.mark.parametrize("version", PGBOUNCER_VERSIONS)
 def test_pgbouncer_plans_its_four_families_and_nothing_else(version: int) -> None:
-    """Against pgBouncer 1.18+ exactly one branch of each pgbouncer_* family is planned."""
+    """Against pgBouncer 1.8+ exactly one branch of each pgbouncer_* family is planned."""
     plan = make_plan(library(), bouncer(version), [])
     planned = [collector.name for collector in plan.planned]
     assert sorted(planned) == sorted(PGBOUNCER)
 
 
 def test_pgbouncer_branches_are_tagged_show_commands() -> None:
-    """pgBouncer branches are tagged SHOW commands from 1.18 on, never planned on PostgreSQL."""
+    """pgBouncer branches are tagged SHOW commands from 1.8 on, never planned on PostgreSQL."""
     for collector in library().collectors:
         is_bouncer = collector.name.startswith("pgbouncer_")
         assert ("pgbouncer" in collector.tags) == is_bouncer, collector.key
         if is_bouncer:
             assert re.fullmatch(r"SHOW [A-Z_]+", collector.query.strip()), collector.key
-            assert collector.min_version >= 11800, collector.key
+            assert collector.min_version >= 10800, collector.key
     for version in SUPPORTED:
         plan = make_plan(library(), facts(version, False), [])
         assert not [c.key for c in plan.planned if c.name.startswith("pgbouncer_")]
