@@ -61,6 +61,14 @@ def pg18_replica(pg18: LocalCluster) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="session")
+def pg15_replica(pg15: LocalCluster) -> Iterator[LocalCluster]:
+    """A streaming replica of pg15."""
+    replica = pg15.make_replica()
+    yield replica
+    replica.close()
+
+
+@pytest.fixture(scope="session")
 def pgbouncer18(pg18: LocalCluster) -> Iterator[LocalPgBouncer]:
     """pgBouncer (Debian's package) pooling pg18's ``postgres`` database."""
     with LocalPgBouncer(pg18) as bouncer:

@@ -1,0 +1,134 @@
+"""The default library speaks the Go exporter's dialect on real servers (issue 11).
+
+For every row of the Go exporter's metric facts whose branch applies to a real
+server (PostgreSQL 18 and 15, primary and replica, as a pg_monitor role; pgBouncer),
+our library planned on that server must produce the metric with that type and at
+least those labels; and what a real scrape shows of those metrics must agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp.plugin import AiohttpClient
+
+from exporter.definitions import Definitions
+from exporter.localbouncer import LocalPgBouncer
+from exporter.localpg import LocalCluster
+from exporter.planning import ServerFacts
+from exporter.settings import with_sslmode
+from exporter.state import STATE
+from exporter.web import create_app
+from tests.gocompat import Row, applicable, coverage, gaps, load_rows, offers
+from tests.integration.helpers import COLLECTORS, samples, settings_for, wait_for
+from tests.integration.test_library_coverage import DB, MONITOR, _definitions, _prepare
+
+Client = TestClient[web.Request, web.Application]
+
+
+async def _scrape(
+    aiohttp_client: AiohttpClient, url: str, definitions: Definitions, base: LocalCluster
+) -> tuple[ServerFacts, str]:
+    """The real facts of the target and one full scrape of the library."""
+    settings = replace(
+        settings_for(base), url=with_sslmode(url), include_databases=(DB,), disable_cache=True
+    )
+    client: Client = await aiohttp_client(create_app(settings, definitions))
+    response = await client.get("/metrics")
+    assert response.status == 200
+    facts = client.app[STATE].exporter.main.facts
+    assert facts is not None
+    return facts, await response.text()
+
+
+def _disagreements(rows: Iterable[Row], body: str) -> list[str]:
+    """Rows whose metric the scrape shows with another type or without a Go label."""
+    types = {
+        line.split()[2]: line.split()[3].upper()
+        for line in body.splitlines()
+        if line.startswith("# TYPE ")
+    }
+    labels_seen: dict[str, list[set[str]]] = {}
+    for name, labels in samples(body):
+        labels_seen.setdefault(name, []).append({k for k, _ in labels})
+    problems = []
+    for row in rows:
+        if row.type == "HISTOGRAM" or row.metric not in types:
+            continue  # histograms are gauge families of their own; absent: no rows today
+        if types[row.metric] != row.type:
+            problems.append(f"exposed as {types[row.metric]}: {row}")
+        short = [sorted(row.labels - seen) for seen in labels_seen.get(row.metric, [])]
+        if any(short):
+            problems.append(f"a sample lacks {next(s for s in short if s)}: {row}")
+    return problems
+
+
+def _check(what: str, facts: ServerFacts, body: str, definitions: Definitions) -> None:
+    rows = applicable(load_rows(), facts)
+    ours = offers(definitions, facts)
+    done, total = coverage(rows, ours)
+    exposed = {r.metric for r in rows} & {name for name, _ in samples(body)}
+    print(f"\n{what}: {done}/{total} applicable Go metric names covered, "
+          f"{len(exposed)} of them with samples in this scrape")  # fmt: skip
+    assert gaps(rows, ours) == []
+    assert _disagreements(rows, body) == []
+
+
+@pytest.mark.parametrize("role", ["primary", "replica"])
+@pytest.mark.parametrize("version", ["pg18", "pg15"])
+async def test_go_metrics_exist_on_postgres(
+    aiohttp_client: AiohttpClient, request: pytest.FixtureRequest, version: str, role: str
+) -> None:
+    """Every applicable Go row, on 18 and 15, primary and replica, as pg_monitor."""
+    primary: LocalCluster = request.getfixturevalue(version)
+    _prepare(primary)
+    target = primary
+    if role == "replica":
+        target = request.getfixturevalue(f"{version}_replica")
+        query = f"SELECT count(*) FROM pg_roles WHERE rolname = '{MONITOR}'"
+        wait_for(lambda: target.psql(query).strip() == "1", "the replica to replay the role")
+    definitions = _definitions()
+    facts, body = await _scrape(aiohttp_client, target.dsn(user=MONITOR), definitions, target)
+    assert facts.in_recovery is (role == "replica")
+    _check(f"PostgreSQL {facts.version} {role}", facts, body, definitions)
+
+
+async def test_go_metrics_exist_on_pgbouncer(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, pgbouncer18: LocalPgBouncer
+) -> None:
+    """Every applicable Go pgbouncer_* row on a real pgBouncer (Debian's, 1.18)."""
+    definitions = _definitions()
+    facts, body = await _scrape(aiohttp_client, pgbouncer18.dsn(), definitions, pg18)
+    assert facts.pgbouncer
+    _check(f"pgBouncer {facts.version}", facts, body, definitions)
+
+
+@pytest.mark.parametrize("version", [130000, 140000, 160000, 170000])
+@pytest.mark.parametrize("in_recovery", [False, True])
+def test_go_metrics_planned_for_versions_we_cannot_run(version: int, in_recovery: bool) -> None:
+    """13, 14, 16 and 17 have no server on this machine: planning on their facts must
+    still cover every applicable Go row (their SQL is not executed here)."""
+    facts = ServerFacts(version, in_recovery, "postgres", MONITOR,
+                        extensions=frozenset({"pg_stat_statements"}))  # fmt: skip
+    rows = applicable(load_rows(), facts)
+    assert gaps(rows, offers(_definitions(), facts)) == []
+
+
+@pytest.mark.parametrize("version", [10800, 11600, 11800, 12100, 12300, 12400])
+def test_go_metrics_planned_for_pgbouncer_versions(version: int) -> None:
+    """pgBouncer branches from 1.8 to 1.24+ cover every applicable Go row by plan."""
+    facts = ServerFacts(version, False, "pgbouncer", "postgres", pgbouncer=True)
+    rows = applicable(load_rows(), facts)
+    assert gaps(rows, offers(_definitions(), facts)) == []
+
+
+def test_the_facts_file_is_whole() -> None:
+    """The facts file loads completely (a truncated copy would make every check pass)."""
+    rows = load_rows()
+    assert len(rows) > 900
+    assert {r.family for r in rows} >= {"pg_db", "pg_table", "pgbouncer_pool", "pg_repl"}
+    assert COLLECTORS.is_dir()
