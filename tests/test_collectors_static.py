@@ -25,7 +25,8 @@ CLUSTER_FAMILIES = (
     "pg_repl", "pg_sync_standby", "pg_downstream", "pg_slot", "pg_sub",
     "pg_archiver", "pg_timeline", "pg_size", "pg_size_wal", "pg_ssl",
     "pg_io", "pg_bgwriter", "pg_checkpointer", "pg_checkpoint", "pg_slru", "pg_wal",
-    "pg_db", "pg_db_confl", "pg_activity", "pg_wait", "pg_backend", "pg_xact", "pg_xact_age",
+    "pg_db", "pg_db_confl", "pg_activity", "pg_wait", "pg_wait_detail", "pg_backend", "pg_xact",
+    "pg_xact_age",
     "pg_lock", "pg_query", "pg_vacuuming", "pg_indexing", "pg_clustering", "pg_backup",
 )  # fmt: skip
 PRIMARY_ONLY: tuple[str, ...] = ()
