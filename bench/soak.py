@@ -1,7 +1,7 @@
 """Soak: tens of thousands of scrapes of every kind against ONE exporter process.
 
 Starts a throw-away PostgreSQL 18 with two extra databases, runs the real exporter
-(``python -m exporter``, wrapped only to count its asyncio tasks on SIGUSR1) with a
+(``python -m exporter``, wrapped only to count its asyncio tasks on SIGUSR2) with a
 few collectors, most of them cached (ttl), and sends a seeded mix of requests:
 
 - normal scrapes (some gzip, some OpenMetrics),
@@ -93,7 +93,7 @@ soak_database:
     - bytes: {{usage: GAUGE, description: per database, cached}}
 """
 
-# The exporter's own CLI, plus a SIGUSR1 handler that appends the number of asyncio
+# The exporter's own CLI, plus a SIGUSR2 handler that appends the number of asyncio
 # tasks to a file. A Python-level handler runs in the main thread, where the loop runs.
 _SERVE = """
 import asyncio, os, signal, sys
@@ -107,7 +107,7 @@ def _count_tasks(signum, frame):
     with open(os.environ["SOAK_TASKS_FILE"], "a") as out:
         out.write(f"{count}\\n")
 
-signal.signal(signal.SIGUSR1, _count_tasks)
+signal.signal(signal.SIGUSR2, _count_tasks)
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -214,16 +214,16 @@ class ExporterProcess:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
     async def tasks(self, within: float = 5.0) -> int:
-        """The number of asyncio tasks, asked with SIGUSR1 (-1 when the loop is not running)."""
+        """The number of asyncio tasks, asked with SIGUSR2 (-1 when the loop is not running)."""
         before = len(self.tasks_file.read_text().splitlines())
-        os.kill(self.pid, signal.SIGUSR1)
+        os.kill(self.pid, signal.SIGUSR2)
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             lines = self.tasks_file.read_text().splitlines()
             if len(lines) > before:
                 return int(lines[before])
             await asyncio.sleep(0.01)
-        raise AssertionError("the exporter did not answer SIGUSR1 with its task count")
+        raise AssertionError("the exporter did not answer SIGUSR2 with its task count")
 
     def stop(self) -> int:
         """SIGTERM, then SIGKILL if it does not stop; the exit code."""

@@ -53,12 +53,22 @@ def negotiate(accept: str | None) -> Format:
     return Format.OPENMETRICS if q_open > 0 and q_open >= q_text else Format.TEXT
 
 
-def _media_range(entry: str) -> tuple[str, float] | None:
-    """(media type, q) of one Accept entry, or None when it is malformed."""
-    media, *params = entry.split(";")
-    media = media.strip().lower()
-    if media.count("/") != 1:
-        return None
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """True when ``Accept-Encoding`` allows gzip: named (or ``*``) with a q above 0."""
+    if not accept_encoding:
+        return False
+    q_by_coding: dict[str, float] = {}
+    for entry in accept_encoding.split(","):
+        coding, *params = entry.split(";")
+        q = _quality(params)
+        if q is not None:
+            q_by_coding[coding.strip().lower()] = q
+    q = q_by_coding.get("gzip", q_by_coding.get("x-gzip", q_by_coding.get("*", 0.0)))
+    return q > 0
+
+
+def _quality(params: list[str]) -> float | None:
+    """The ``q`` of one Accept entry's parameters (1 when absent), None when malformed."""
     q = 1.0
     for param in params:
         key, sep, value = param.partition("=")
@@ -69,6 +79,16 @@ def _media_range(entry: str) -> tuple[str, float] | None:
                 return None
             if not 0.0 <= q <= 1.0:  # also rejects NaN
                 return None
+    return q
+
+
+def _media_range(entry: str) -> tuple[str, float] | None:
+    """(media type, q) of one Accept entry, or None when it is malformed."""
+    media, *params = entry.split(";")
+    media = media.strip().lower()
+    q = _quality(params)
+    if media.count("/") != 1 or q is None:
+        return None
     return media, q
 
 

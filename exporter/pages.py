@@ -6,7 +6,6 @@ asks for one. Reload validates the whole new config before anything changes.
 
 from __future__ import annotations
 
-import asyncio
 import html
 import logging
 
@@ -14,12 +13,10 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.budget import Budget, budget_seconds
-from exporter.errors import ConfigError, UsageError
 from exporter.flags import version_text
-from exporter.loading import load_for_settings
+from exporter.reloading import RELOADER
 from exporter.stat import stat_text
-from exporter.state import STATE, State
-from exporter.webconfig import TlsConfig, load_certificates, load_web_config, ssl_context
+from exporter.state import STATE
 
 log = logging.getLogger(__name__)
 
@@ -71,48 +68,9 @@ async def landing_handler(request: web.Request) -> web.Response:
 
 
 async def reload_handler(request: web.Request) -> web.Response:
-    """GET or POST: load and check the config again; 500 keeps the running one."""
+    """GET (as the Go exporter) or POST: load and check the config again; 500 keeps the
+    running one. Requests during a reload share one (see :mod:`exporter.reloading`)."""
     if request.method not in ("GET", "POST"):
         raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
-    ok, message = await reload(request.app[STATE])
-    return web.Response(status=200 if ok else 500, text=message + "\n")
-
-
-async def reload(state: State) -> tuple[bool, str]:
-    """Validate the whole config, then use it from the next pass (also on SIGHUP).
-
-    The collector definitions, and with TLS on, the certificate and key named by the
-    web config file (renewed certificates need no restart; new connections get
-    them). On any problem nothing changes: the running config keeps serving, and
-    the reasons are logged and returned.
-    """
-    try:
-        definitions = await asyncio.to_thread(load_for_settings, state.settings)
-        tls = await asyncio.to_thread(_renewed_tls, state)
-    except (ConfigError, UsageError) as exc:
-        log.error("reload failed, the running config stays: %s", exc)
-        return False, f"reload failed, the running config stays:\n{exc}"
-    state.exporter.schedule(definitions)
-    message = (
-        f"reloaded {len(definitions.collectors)} collectors from {state.settings.config}; "
-        "they apply from the next pass"
-    )
-    if tls is not None and state.tls_context is not None:
-        load_certificates(state.tls_context, tls)
-        message += f"; certificate {tls.cert_file or '(inline)'} reloaded"
-    log.info(message)
-    for warning in definitions.warnings:
-        log.warning(warning)
-    return True, message
-
-
-def _renewed_tls(state: State) -> TlsConfig | None:
-    """The web config's TLS section, checked by building a context from it (or None)."""
-    path = state.settings.web_config_file
-    if state.tls_context is None or not path:
-        return None
-    tls = load_web_config(path).tls
-    if tls is None:
-        raise UsageError(f"{path}: tls_server_config was removed; TLS changes need a restart")
-    ssl_context(tls)  # raises UsageError naming what is wrong, before anything changes
-    return tls
+    outcome = await request.app[RELOADER].reload()
+    return web.Response(status=200 if outcome.ok else 500, text=outcome.message + "\n")

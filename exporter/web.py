@@ -23,6 +23,7 @@ from exporter.errors import UsageError
 from exporter.exposition import (
     Family,
     Format,
+    accepts_gzip,
     content_type,
     encode,
     negotiate,
@@ -32,11 +33,11 @@ from exporter.health import HEALTH_PATHS, HEALTH_PROBE, add_health_routes, healt
 from exporter.pages import (
     explain_handler,
     landing_handler,
-    reload,
     reload_handler,
     stat_handler,
     version_handler,
 )
+from exporter.reloading import RELOADER, Outcome, Reloader
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 from exporter.state import STATE, State
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 FIXED_ROUTES = ("/", "/version", "/explain", "/stat", "/reload", *HEALTH_PATHS)
 SHUTDOWN_TIMEOUT = 10.0  # seconds for responses in flight to finish on SIGTERM
 GZIP_LEVEL = 1  # metric text compresses well even at the cheapest level; CPU matters more
+# However little of its budget a scrape has left, its answer may take this long to send.
+MIN_WRITE_SECONDS = 2.0
 
 
 def create_app(
@@ -65,6 +68,7 @@ def create_app(
         admission=Admission(),
         selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
     )
+    app[RELOADER] = Reloader(app[STATE])
     app.cleanup_ctx.append(_close_exporter)
     app.cleanup_ctx.append(health_context(settings))
     app.router.add_get(settings.telemetry_path, metrics_handler)
@@ -106,7 +110,10 @@ async def metrics_handler(request: web.Request) -> web.StreamResponse:
             negotiate(request.headers.get("Accept")) if state.settings.openmetrics else Format.TEXT
         )
         body = encode(_all_families(state, snapshot.families), fmt)
-        return await _write(request, body, content_type(fmt))  # lock already released (B20)
+        # The lock is already released (B20); the slot is held until the body is out (B2),
+        # but no longer than the budget allows: a client that does not read is cut off.
+        deadline = max(budget.remaining(), MIN_WRITE_SECONDS)
+        return await _write(request, body, content_type(fmt), deadline)
 
 
 _BUSY = "too many concurrent scrapes ({} are being served); try again later\n"
@@ -129,19 +136,33 @@ def _client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-async def _write(request: web.Request, body: bytes, ctype: str) -> web.StreamResponse:
-    """Write the whole body inside the handler, so the admission slot covers it (B2)."""
+async def _write(
+    request: web.Request, body: bytes, ctype: str, deadline: float
+) -> web.StreamResponse:
+    """Write the whole body inside the handler, so the admission slot covers it (B2);
+    a client that has not taken it within ``deadline`` seconds is disconnected."""
     response = web.StreamResponse(headers={"Content-Type": ctype})
-    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+    if accepts_gzip(request.headers.get("Accept-Encoding")):
         body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         response.headers["Content-Encoding"] = "gzip"
     response.content_length = len(body)
+    admission = request.app[STATE].admission
     try:
-        await response.prepare(request)
-        await response.write(body)
-        await response.write_eof()
+        async with asyncio.timeout(deadline):
+            await response.prepare(request)
+            await response.write(body)
+            await response.write_eof()
     except ConnectionError:  # the client left as the answer started: not a server error
-        request.app[STATE].admission.note_interrupted("client")
+        admission.note_interrupted("client")
+    except TimeoutError:
+        admission.note_interrupted("write_timeout")
+        log.warning(
+            "a client did not read its answer within %.1fs; disconnected it",
+            deadline,
+            extra={"peer": request.remote or "?", "bytes": len(body)},
+        )
+        if request.transport is not None:
+            request.transport.abort()
     return response
 
 
@@ -216,6 +237,7 @@ async def _serve(
     app = create_app(settings, definitions, web_config)
     tls = ssl_context(web_config.tls) if web_config.tls else None
     app[STATE].tls_context = tls
+    app[RELOADER].rebase()  # the certificate files count from now on
     if not await _first_contact(app[STATE].exporter, settings):
         return 2
     runner = make_runner(app)
@@ -230,9 +252,9 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    reloads: set[asyncio.Task[tuple[bool, str]]] = set()  # keep references until done
+    reloads: set[asyncio.Task[Outcome]] = set()  # keep references until done
     for sig in (signal.SIGHUP, signal.SIGUSR1):  # the Go exporter reloads on both
-        loop.add_signal_handler(sig, _reload_soon, app[STATE], reloads)
+        loop.add_signal_handler(sig, _reload_soon, app[RELOADER], reloads)
     systemd.ready()
     interval = systemd.watchdog_interval()
     # Pinged from the event loop itself, so a wedged loop stops the pings and
@@ -272,9 +294,9 @@ def _name(sock: socket.socket) -> str:
     return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
-def _reload_soon(state: State, tasks: set[asyncio.Task[tuple[bool, str]]]) -> None:
-    """SIGHUP: reload like ``/reload`` does, in a task of the event loop."""
-    task = asyncio.get_running_loop().create_task(reload(state))
+def _reload_soon(reloader: Reloader, tasks: set[asyncio.Task[Outcome]]) -> None:
+    """SIGHUP, SIGUSR1: reload like ``/reload`` does, in a task of the event loop."""
+    task = asyncio.get_running_loop().create_task(reloader.reload())
     tasks.add(task)
     task.add_done_callback(tasks.discard)
 

@@ -16,6 +16,7 @@ from exporter.exposition import (
     TEXT_CONTENT_TYPE,
     Family,
     Format,
+    accepts_gzip,
     content_type,
     encode,
     format_value,
@@ -72,6 +73,20 @@ PROMETHEUS_ACCEPT = (
 def test_negotiate(accept: str | None, expected: Format) -> None:
     """OpenMetrics is chosen only when asked for with q > 0 and not below text."""
     assert negotiate(accept) is expected
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, False), ("", False), ("gzip", True), ("GZip", True), ("gzip, deflate", True),
+        ("deflate, br", False), ("gzip;q=0", False), ("gzip; q=0.0", False),
+        ("gzip;q=0.5", True), ("*", True), ("*;q=0", False), ("*, gzip;q=0", False),
+        ("gzip;q=0, *", False), ("x-gzip", True), ("gzip;q=abc", False), ("identity", False),
+    ],
+)  # fmt: skip
+def test_accepts_gzip(header: str | None, expected: bool) -> None:
+    """gzip only when Accept-Encoding allows it with a q above 0; q=0 means "not this"."""
+    assert accepts_gzip(header) is expected
 
 
 def test_content_types() -> None:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from exporter.loading import load_for_settings
 from exporter.localpg import free_port
-from exporter.pages import reload
+from exporter.reloading import RELOADER
 from exporter.settings import Settings
 from exporter.state import STATE
 from exporter.web import create_app, make_runner
@@ -195,6 +195,7 @@ async def exporter_over_tls(web_yml: Path) -> AsyncIterator[tuple[web.Applicatio
     assert web_config.tls is not None
     app = create_app(settings, load_for_settings(settings), web_config)
     app[STATE].tls_context = ssl_context(web_config.tls)
+    app[RELOADER].rebase()  # as production does once TLS is on
     runner = make_runner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=app[STATE].tls_context).start()
@@ -216,12 +217,12 @@ async def test_reload_picks_up_a_renewed_certificate(pki: Path, tmp_path: Path) 
     async with exporter_over_tls(web_yml) as (app, port):
         assert await peer_common_name(port, client_context(pki)) == "server"
         cert.write_bytes((pki / "server2.crt").read_bytes())  # renewed, key not yet
-        ok, message = await reload(app[STATE])
+        ok, message = await app[RELOADER].reload()
         assert not ok, message
         assert "certificate" in message
         assert await peer_common_name(port, client_context(pki)) == "server"
         key.write_bytes((pki / "server2.key").read_bytes())
-        ok, message = await reload(app[STATE])
+        ok, message = await app[RELOADER].reload()
         assert ok, message
         assert await peer_common_name(port, client_context(pki)) == "server2"
 
