@@ -20,7 +20,8 @@ from exporter.dryrun import render_definitions
 from exporter.errors import ConfigError, UsageError
 from exporter.flags import BY_LONG, InfoRequested, bool_text, scan
 from exporter.logs import FORMATS, LEVELS, configure_logging
-from exporter.settings import Settings, with_sslmode
+from exporter.settings import Settings
+from exporter.target import TargetError
 from exporter.validation import LABEL_NAME
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,17 @@ def parse_settings(
     described in ``warnings`` instead, for the caller to log.
     """
     src = _Source(scan(argv), environ, warnings if warnings is not None else [])
+    url, url_origin = _url(src)
+    try:
+        return _settings(src, url)
+    except TargetError as exc:  # the URL is read when the settings are made
+        raise UsageError(f"{url_origin}: {exc}") from None
+
+
+def _settings(src: _Source, url: str) -> Settings:
     config, config_origin = _config(src)
     return Settings(
-        url=with_sslmode(_url(src)),
+        url=url,
         config=config,
         config_origin=config_origin,
         listen_addresses=tuple(_listen(a) for a in src.given.get("web.listen-address", []))
@@ -99,16 +108,16 @@ class _Source:
         return default if found is None else bool_text(*found) == "true"
 
 
-def _url(src: _Source) -> str:
-    """--url > $PG_EXPORTER_URL > $PGURL > file named by $PG_EXPORTER_URL_FILE > default."""
+def _url(src: _Source) -> tuple[str, str]:
+    """(URL, origin): --url > $PG_EXPORTER_URL > $PGURL > $PG_EXPORTER_URL_FILE > default."""
     if "url" in src.given:
-        return src.given["url"][-1]
+        return src.given["url"][-1], "--url"
     for variable in ("PG_EXPORTER_URL", "PGURL"):
         if src.environ.get(variable):
-            return src.environ[variable]
+            return src.environ[variable], f"${variable}"
     path = src.environ.get("PG_EXPORTER_URL_FILE")
     if not path:
-        return defaults.DEFAULT_URL
+        return defaults.DEFAULT_URL, "the default URL"
     try:
         with open(path, encoding="utf-8") as file:
             url = file.read().strip()
@@ -117,7 +126,7 @@ def _url(src: _Source) -> str:
         raise UsageError(f"cannot read $PG_EXPORTER_URL_FILE {path!r}: {reason}") from exc
     if not url:
         raise UsageError(f"$PG_EXPORTER_URL_FILE {path!r} is empty; put the target URL in it")
-    return url
+    return url, f"$PG_EXPORTER_URL_FILE {path!r}"
 
 
 def _config(src: _Source) -> tuple[str, str]:

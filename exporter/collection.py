@@ -59,7 +59,7 @@ class Snapshot:
 def server_options(settings: Settings) -> ServerOptions:
     """The per-database options derived from the settings."""
     return ServerOptions(
-        url=settings.url,
+        url=settings.target.conninfo,
         connect_timeout=settings.connect_timeout,
         const_labels=settings.const_labels,
         tags=settings.tags,

@@ -260,7 +260,7 @@ def health_context(
 
     async def probing(app: web.Application) -> AsyncIterator[None]:
         probe = HealthProbe(
-            settings.url,
+            settings.target.conninfo,
             settings.connect_timeout,
             interval=interval,
             pgbouncer=settings.is_pgbouncer,

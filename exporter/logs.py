@@ -15,7 +15,7 @@ import traceback
 from datetime import UTC, datetime
 from typing import IO
 
-from exporter.settings import MASK, mask_url
+from exporter.target import mask
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -33,15 +33,6 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
 }
 _RESERVED = ("ts", "level", "msg", "exception", "stack")
 
-# A URL (any scheme, so an unusual spelling cannot slip through) or a password
-# keyword with a quoted or bare value. URLs come first in the alternation so a
-# ``password=`` inside a URL's query is masked by the URL rule, which keeps the
-# parameters after it.
-_SECRET = re.compile(
-    r"(?P<url>\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+)"
-    r"|(?P<key>password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)",
-    re.IGNORECASE,
-)
 _LOGFMT_KEY_JUNK = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
@@ -59,18 +50,6 @@ def configure_logging(level: str, fmt: str, *, stream: IO[str] | None = None) ->
         old.close()
     root.addHandler(handler)
     root.setLevel(LEVELS[level])
-
-
-def scrub(text: str) -> str:
-    """Mask passwords in URLs and ``password=`` keywords found anywhere in ``text``."""
-    return _SECRET.sub(_mask_match, text)
-
-
-def _mask_match(match: re.Match[str]) -> str:
-    url = match.group("url")
-    if url is None:
-        return f"{match.group('key')}{MASK}"
-    return mask_url(url)
 
 
 def record_fields(record: logging.LogRecord) -> list[tuple[str, object]]:
@@ -104,12 +83,12 @@ def _level_name(levelno: int) -> str:
 
 
 def _clean(value: object) -> object:
-    """Keep plain scalars as they are; anything else becomes scrubbed text."""
+    """Keep plain scalars as they are; anything else becomes text with its secrets masked."""
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
-    return scrub(value.rstrip("\n") if isinstance(value, str) else str(value))
+    return mask(value.rstrip("\n") if isinstance(value, str) else str(value))
 
 
 class LogfmtFormatter(logging.Formatter):

@@ -23,7 +23,7 @@ from psycopg.pq import TransactionStatus
 from exporter.definitions import Collector, Predicate
 from exporter.errors import CollectorError
 from exporter.planning import ServerFacts
-from exporter.settings import mask_url
+from exporter.target import mask
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ async def connect(
             return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
     except TimeoutError:
         raise psycopg.OperationalError(
-            f"connecting to {mask_url(conninfo)} took longer than {connect_timeout:g}s "
+            f"connecting to {mask(conninfo)} took longer than {connect_timeout:g}s "
             "(raise --connect-timeout if the server is slow to accept)"
         ) from None
 

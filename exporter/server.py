@@ -27,7 +27,7 @@ from exporter.errors import CollectorError, TooManySeriesError
 from exporter.exposition import Family
 from exporter.planning import Plan, ServerFacts, make_plan
 from exporter.samples import SampleBuilder
-from exporter.settings import database_of
+from exporter.target import database_of
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import platform
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -76,7 +77,7 @@ def test_defaults(config: str) -> None:
     """With nothing but a config, every setting has its documented default."""
     assert parse(config) == Settings(config=config, config_origin="--config")
     settings = parse(config)
-    assert settings.url == "postgresql:///?sslmode=disable"
+    assert settings.masked_url == "postgresql:///?sslmode=disable"
     assert settings.listen_addresses == (":9630",)
     assert settings.exclude_databases == ("template0", "template1", "postgres")
     assert settings.connect_timeout == 0.1
@@ -217,7 +218,7 @@ def test_short_switch_clusters(config: str) -> None:
     settings = parse(config, "-Cmf", "-au", "postgres://h/x")
     assert (settings.disable_cache, settings.disable_intro, settings.fail_fast) == (
         True, True, True)  # fmt: skip
-    assert settings.url == "postgres://h/x?sslmode=disable"
+    assert settings.masked_url == "postgres://h/x?sslmode=disable"
     assert parse(config, "-npgx").namespace == "pgx"
 
 
@@ -381,13 +382,43 @@ def test_url_precedence(config: str, tmp_path: Path) -> None:
     url_file.write_text("  postgres://file/db\n")
     env = {"PG_EXPORTER_URL": "postgres://env/db", "PGURL": "postgres://pgurl/db",
            "PG_EXPORTER_URL_FILE": str(url_file)}  # fmt: skip
-    assert parse(config, "-u", "postgres://flag/db", **env).url.startswith("postgres://flag/")
-    assert parse(config, **env).url.startswith("postgres://env/")
+    assert parse(config, "-u", "postgres://flag/db", **env).url == "postgres://flag/db"
+    assert parse(config, **env).url == "postgres://env/db"
     del env["PG_EXPORTER_URL"]
-    assert parse(config, **env).url.startswith("postgres://pgurl/")
+    assert parse(config, **env).url == "postgres://pgurl/db"
     del env["PGURL"]
-    assert parse(config, **env).url == "postgres://file/db?sslmode=disable"
-    assert parse(config).url == "postgresql:///?sslmode=disable"
+    assert parse(config, **env).masked_url == "postgres://file/db?sslmode=disable"
+    assert parse(config).masked_url == "postgresql:///?sslmode=disable"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "origin"),
+    [
+        (["-u", "postgresql://u:50%off-Zq9@h/db"], {}, "--url"),
+        ([], {"PG_EXPORTER_URL": "host=h password=Zq9a Zq9b"}, "$PG_EXPORTER_URL"),
+        ([], {"PGURL": "postgresql://u:Zq9 x@h/db"}, "$PGURL"),
+    ],
+)
+def test_unreadable_url_is_a_usage_error_naming_its_origin(
+    config: str, argv: list[str], env: dict[str, str], origin: str
+) -> None:
+    """A URL libpq rejects is refused at start, naming where it came from, quoting no secret."""
+    with pytest.raises(UsageError, match=f"^{re.escape(origin)}: libpq cannot read") as caught:
+        parse(config, *argv, **env)
+    assert "Zq9" not in str(caught.value)
+
+
+def test_unreadable_url_file_exits_1_without_password(
+    config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """main with an unreadable URL in $PG_EXPORTER_URL_FILE: one line, exit 1, no secret."""
+    url_file = tmp_path / "url"
+    url_file.write_text("postgresql://u:Zq9?#50%off@h/db\n")
+    monkeypatch.setenv("PG_EXPORTER_URL_FILE", str(url_file))
+    assert main(["-c", config]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"pg_exporter: $PG_EXPORTER_URL_FILE '{url_file}': libpq cannot read")
+    assert "Zq9" not in line
 
 
 def test_unreadable_url_file_names_the_file(config: str, tmp_path: Path) -> None:
@@ -528,12 +559,13 @@ def test_main_serves_with_masked_url_logged(
         return 7
 
     _fake_module(monkeypatch, "exporter.web", run=run)
-    assert main(["-c", config, "-u", "postgres://u:s3cr3t@h/db", "-T", "5"]) == 7
+    assert main(["-c", config, "-u", "postgres://u:s3?cr#t@h/db", "-T", "5"]) == 7
     ((settings, definitions),) = calls
     assert settings.connect_timeout == 0.005
     assert [c.key for c in definitions.collectors] == ["pg_demo"]
     err = capsys.readouterr().err
-    assert "s3cr3t" not in err
+    assert "s3" not in err
+    assert "cr#t" not in err
     assert 'url="postgres://u:xxxxx@h/db?sslmode=disable"' in err
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from exporter.definitions import Definitions
 from exporter.loading import load_definitions
 from exporter.localpg import LocalCluster
-from exporter.settings import Settings, with_sslmode
+from exporter.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTORS = REPO / "collectors"
@@ -21,7 +21,7 @@ COLLECTORS = REPO / "collectors"
 
 def settings_for(cluster: LocalCluster, **overrides: object) -> Settings:
     """Settings pointing at ``cluster`` with a generous connect timeout for busy machines."""
-    base = Settings(url=with_sslmode(cluster.dsn()), connect_timeout=5.0)
+    base = Settings(url=cluster.dsn(), connect_timeout=5.0)
     return replace(base, **overrides)  # type: ignore[arg-type]
 
 

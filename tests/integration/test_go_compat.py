@@ -20,7 +20,6 @@ from exporter.definitions import Definitions
 from exporter.localbouncer import LocalPgBouncer
 from exporter.localpg import LocalCluster
 from exporter.planning import ServerFacts
-from exporter.settings import with_sslmode
 from exporter.state import STATE
 from exporter.web import create_app
 from tests.gocompat import Row, applicable, coverage, gaps, load_rows, offers
@@ -34,9 +33,7 @@ async def _scrape(
     aiohttp_client: AiohttpClient, url: str, definitions: Definitions, base: LocalCluster
 ) -> tuple[ServerFacts, str]:
     """The real facts of the target and one full scrape of the library."""
-    settings = replace(
-        settings_for(base), url=with_sslmode(url), include_databases=(DB,), disable_cache=True
-    )
+    settings = replace(settings_for(base), url=url, include_databases=(DB,), disable_cache=True)
     client: Client = await aiohttp_client(create_app(settings, definitions))
     response = await client.get("/metrics")
     assert response.status == 200

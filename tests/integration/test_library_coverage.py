@@ -20,7 +20,6 @@ from exporter.localbouncer import LocalPgBouncer
 from exporter.localpg import LocalCluster
 from exporter.planning import ServerFacts, make_plan
 from exporter.samples import SampleBuilder
-from exporter.settings import with_sslmode
 from exporter.state import STATE
 from exporter.web import create_app
 from tests.integration.helpers import COLLECTORS, samples, settings_for, value, wait_for
@@ -114,7 +113,7 @@ async def _scrape(
     """Scrape twice without cache; the second scrape times a full pass on open connections."""
     settings = replace(
         settings_for(cluster),
-        url=with_sslmode(cluster.dsn(user=user)),
+        url=cluster.dsn(user=user),
         include_databases=(DB,),
         disable_cache=True,
     )

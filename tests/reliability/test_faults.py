@@ -36,7 +36,7 @@ from aiohttp import web
 from exporter.loading import load_definitions
 from exporter.localbouncer import LocalPgBouncer
 from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
-from exporter.settings import Settings, with_sslmode
+from exporter.settings import Settings
 from exporter.state import STATE
 from tests.integration.rawhttp import poll as wait_async
 from tests.reliability.test_shutdown import backends, http_get, poll, start_exporter
@@ -94,7 +94,7 @@ def metric(body: str, name: str) -> float | None:
 
 
 def settings_for(dsn: str, **overrides: object) -> Settings:
-    base = Settings(url=with_sslmode(dsn), connect_timeout=2.0)
+    base = Settings(url=dsn, connect_timeout=2.0)
     return replace(base, **overrides)  # type: ignore[arg-type]
 
 
