@@ -1,22 +1,16 @@
-"""The web config file (exporter-toolkit format): every field, every refusal, and auth checks."""
+"""The web config file (exporter-toolkit format): every field and every refusal."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import logging
 import ssl
 import subprocess
-import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import bcrypt
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from exporter.errors import UsageError
-from exporter.webauth import Credentials, basic_credentials, peer_has_allowed_san
 from exporter.webconfig import TlsConfig, WebConfig, load_web_config, ssl_context
 
 PASSWORD = "s3cret pass"
@@ -287,122 +281,3 @@ def test_nothing_is_warned_for_a_plain_file(pem: Path, caplog: pytest.LogCapture
     with caplog.at_level(logging.DEBUG, logger="exporter.webconfig"):
         load_web_config(write(pem, TLS + "http_server_config:\n  http2: false\n"))
     assert caplog.records == []
-
-
-def basic(user: str, password: str) -> str:
-    """An Authorization header value."""
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-async def test_right_credentials_pass_and_are_cached() -> None:
-    """The right pair passes; the same pair again is answered from the cache, without bcrypt."""
-    credentials = Credentials({"alice": HASH.encode()})
-    assert await credentials.check(basic("alice", PASSWORD))
-    assert await credentials.check(basic("alice", PASSWORD))
-    assert credentials.bcrypt_runs == 1
-
-
-async def test_wrong_or_missing_credentials_fail() -> None:
-    """Wrong password, unknown user, no header and malformed headers all fail."""
-    credentials = Credentials({"alice": HASH.encode()})
-    assert not await credentials.check(basic("alice", "wrong"))
-    assert not await credentials.check(basic("alice", "wrong"))
-    assert credentials.bcrypt_runs == 2  # failures are never cached
-    assert not await credentials.check(basic("mallory", PASSWORD))
-    assert credentials.bcrypt_runs == 3  # unknown users pay bcrypt too
-    for header in (None, "", "Basic !!!", "Bearer abc", "Basic " + base64.b64encode(b"x").decode()):
-        assert not await credentials.check(header)
-    assert credentials.bcrypt_runs == 3
-
-
-def test_basic_credentials_are_parsed_as_go_does() -> None:
-    """The scheme is case-insensitive, the password may hold colons and is kept as raw bytes."""
-    raw = base64.b64encode(b"alice:p\xe4ss:word").decode()
-    assert basic_credentials(f"basic {raw}") == ("alice", b"p\xe4ss:word")
-    assert basic_credentials(basic("alice", "")) == ("alice", b"")
-    bad_user = "Basic " + base64.b64encode(b"\xff:x").decode()
-    for header in (None, "", "Basic", "Basic !!!", "Digest " + raw, bad_user):
-        assert basic_credentials(header) is None
-
-
-async def test_non_utf8_passwords_are_compared_as_bytes() -> None:
-    """A password hashed from Latin-1 bytes still matches: bytes go to bcrypt untouched."""
-    credentials = Credentials({"alice": bcrypt.hashpw(b"p\xe4ss", bcrypt.gensalt(4))})
-    assert await credentials.check("Basic " + base64.b64encode(b"alice:p\xe4ss").decode())
-
-
-async def test_unknown_users_cost_as_much_as_known_ones() -> None:
-    """The decoy hash has the highest cost in use, so unknown users take as long as known ones."""
-    slow = bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=9))
-    credentials = Credentials({"fast": HASH.encode(), "slow": slow})
-    assert credentials.decoy.startswith(b"$2b$09$")
-
-    async def median(header: str) -> float:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            assert not await credentials.check(header)
-            times.append(time.perf_counter() - start)
-        return sorted(times)[1]
-
-    known, unknown = await median(basic("slow", "wrong")), await median(basic("nobody", "wrong"))
-    assert 0.5 < unknown / known < 2
-
-
-async def test_long_passwords_compare_on_their_first_72_bytes() -> None:
-    """Passwords over bcrypt's 72-byte limit do not raise; the first 72 bytes decide, as in Go."""
-    long = "p" * 72
-    credentials = Credentials({"alice": bcrypt.hashpw(long.encode(), bcrypt.gensalt(4))})
-    assert await credentials.check(basic("alice", long + "ignored tail"))
-    assert not await credentials.check(basic("alice", "q" * 100))
-
-
-async def test_cache_is_bounded() -> None:
-    """Past its limit the cache starts over instead of growing."""
-    credentials = Credentials({"alice": HASH.encode(), "bob": HASH.encode()}, cache_limit=1)
-    assert await credentials.check(basic("alice", PASSWORD))
-    assert await credentials.check(basic("bob", PASSWORD))
-    assert len(credentials.verified) == 1
-    assert await credentials.check(basic("alice", PASSWORD))
-    assert credentials.bcrypt_runs == 3
-
-
-async def test_bcrypt_does_not_block_the_event_loop() -> None:
-    """Other requests keep being served while a costly hash is checked."""
-    credentials = Credentials({"alice": bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=11))})
-    check = asyncio.create_task(credentials.check(basic("alice", "wrong")))
-    ticks = 0
-    while not check.done():
-        await asyncio.sleep(0.005)
-        ticks += 1
-    assert not check.result()
-    assert ticks >= 5
-
-
-def peer(cert: dict[str, object] | None) -> SimpleNamespace:
-    """A transport whose TLS peer certificate is ``cert``."""
-    return SimpleNamespace(get_extra_info=lambda name, default=None: cert)
-
-
-@pytest.mark.parametrize(
-    ("sans", "allowed", "expected"),
-    [
-        ((("DNS", "scraper.example"),), ("scraper.example",), True),
-        ((("DNS", "scraper.example"),), ("other.example",), False),
-        ((("IP Address", "2001:DB8:0:0:0:0:0:1\n"),), ("2001:db8::1",), True),
-        ((("email", "ops@example.org"), ("URI", "spiffe://a/b")), ("spiffe://a/b",), True),
-        ((), ("scraper.example",), False),
-    ],
-)
-def test_client_sans_are_matched(
-    sans: tuple[tuple[str, str], ...], allowed: tuple[str, ...], expected: bool
-) -> None:
-    """client_allowed_sans matches DNS, IP (by value), email and URI names of the peer."""
-    request = make_mocked_request("GET", "/", transport=peer({"subjectAltName": sans}))
-    assert peer_has_allowed_san(request, allowed) is expected
-
-
-def test_no_client_certificate_matches_nothing() -> None:
-    """Without a verified peer certificate no SAN can match."""
-    request = make_mocked_request("GET", "/", transport=peer(None))
-    assert not peer_has_allowed_san(request, ("scraper.example",))

@@ -1,6 +1,9 @@
-"""Basic auth wired into the real exporter app: no endpoint answers anonymous requests."""
+"""Basic auth wired into the real exporter app: no endpoint answers anonymous requests,
+and a password flood does not keep a scraper out."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import aiohttp
 import bcrypt
@@ -13,9 +16,15 @@ from exporter.localpg import LocalCluster
 from exporter.web import create_app
 from exporter.webconfig import WebConfig
 from tests.integration.helpers import settings_for, value, write_collectors
+from tests.integration.rawhttp import serving
+from tests.integration.webrig import FLOOD, flooding, median_login
 
 PATHS = ["/metrics", "/", "/explain", "/stat", "/version", "/nowhere"]
 USER, PASSWORD = "prom", "right horse"
+ONE = (
+    "one:\n  query: SELECT 1 AS v\n  timeout: 5\n  metrics:\n"
+    "    - v: {usage: GAUGE, description: one}\n"
+)
 
 
 def _auth(user: str, password: str) -> dict[str, str]:
@@ -27,11 +36,7 @@ async def client(
     aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: pytest.TempPathFactory
 ) -> TestClient[web.Request, web.Application]:
     """The exporter app with one basic-auth user and an extra response header."""
-    definitions = write_collectors(
-        tmp_path,  # type: ignore[arg-type]
-        "one:\n  query: SELECT 1 AS v\n  timeout: 5\n  metrics:\n"
-        "    - v: {usage: GAUGE, description: one}\n",
-    )
+    definitions = write_collectors(tmp_path, ONE)  # type: ignore[arg-type]
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4))
     web_config = WebConfig(users={USER: hashed}, headers=(("X-Frame-Options", "deny"),))
     app = create_app(settings_for(pg18, auto_discovery=False), definitions, web_config)
@@ -58,3 +63,24 @@ async def test_right_password_scrapes_with_headers(
     assert response.status == 200
     assert response.headers["X-Frame-Options"] == "deny"
     assert value(await response.text(), "one_v") == 1
+
+
+async def test_scrapes_go_on_during_a_password_flood(pg18: LocalCluster, tmp_path: Path) -> None:
+    """With 20 wrong-password loops from 5 addresses, a scraper's first scrape (bcrypt
+    included) takes about what it takes alone, and later ones stay fast."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=11))  # about 0.2 s
+    early, late = ["early1", "early2", "early3"], ["late1", "late2", "late3"]
+    web_config = WebConfig(users=dict.fromkeys(early + late, hashed))
+    settings = settings_for(pg18, auto_discovery=False)
+    definitions = write_collectors(tmp_path, ONE)
+    async with serving(settings, definitions, web_config) as served:
+        url = f"http://127.0.0.1:{served.port}/metrics"
+        alone = await median_login(url, early, PASSWORD)
+        async with flooding(url, served.app):
+            first = await median_login(url, late, PASSWORD)
+            remembered = await median_login(url, early, PASSWORD)
+    print(
+        f"\nscrape alone {alone:.3f} s; flood: first {first:.3f} s, remembered {remembered:.3f} s"
+    )
+    assert first < FLOOD / 2 * alone  # queued behind the flood it was about FLOOD times alone
+    assert remembered < alone
