@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.localpg import LocalCluster, pg18_bindir
+from rigs.localpg import LocalCluster, pg18_bindir
 
 REPO = Path(__file__).resolve().parents[1]
 DATABASE = "bench"

@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.cluster import REPO
 from bench.measure import Scrape, scrape
 from bench.workload import ConfigFiles
-from exporter.localpg import free_port
+from rigs.localpg import free_port
 
 OURS = "ours"
 GO_PEER = "go"

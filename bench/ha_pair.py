@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
-from exporter.localpg import (  # noqa: E402
+from rigs.localpg import (  # noqa: E402
     VERBOSE_LOG_SETTINGS,
     LocalCluster,
     free_port,

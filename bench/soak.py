@@ -47,7 +47,7 @@ if str(REPO) not in sys.path:
 
 from bench.measure import memory  # noqa: E402
 from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
-from exporter.localpg import LocalCluster, free_port, pg18_bindir  # noqa: E402
+from rigs.localpg import LocalCluster, free_port, pg18_bindir  # noqa: E402
 from tests.integration.helpers import exporter_backends, value  # noqa: E402
 from tests.integration.rawhttp import RawClient, get  # noqa: E402
 

@@ -25,7 +25,7 @@ import psycopg  # noqa: E402
 
 from exporter import postgres  # noqa: E402
 from exporter.definitions import Collector, Column, Usage  # noqa: E402
-from exporter.localpg import LocalCluster, pg18_bindir  # noqa: E402
+from rigs.localpg import LocalCluster, pg18_bindir  # noqa: E402
 
 QUERY = "SELECT 1 AS v"
 COLLECTOR = Collector(

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir  # noqa: E402
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir  # noqa: E402
 from tests.integration.helpers import statement_calls, value  # noqa: E402
 from tests.integration.rawhttp import RawClient, get  # noqa: E402
 

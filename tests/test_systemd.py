@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from exporter import systemd
-from exporter.localpg import free_port
+from rigs.localpg import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE = 30.0  # seconds; generous for a busy CI machine

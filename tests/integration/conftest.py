@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.localbouncer import LocalPgBouncer
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg15_bindir, pg18_bindir
+from rigs.localbouncer import LocalPgBouncer
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg15_bindir, pg18_bindir
 from tests.integration.helpers import settings_for, write_collectors
 from tests.integration.rawhttp import Served, Start, serving
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from exporter.definitions import Definitions
 from exporter.loading import load_definitions
-from exporter.localpg import LocalCluster
 from exporter.settings import Settings
+from rigs.localpg import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTORS = REPO / "collectors"

@@ -12,9 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.localpg import LocalCluster
 from exporter.web import create_app
 from exporter.webconfig import WebConfig
+from rigs.localpg import LocalCluster
 from tests.integration.helpers import settings_for, value, write_collectors
 from tests.integration.rawhttp import serving
 from tests.integration.webrig import FLOOD, flooding, median_login

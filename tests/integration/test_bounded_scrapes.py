@@ -16,8 +16,8 @@ import uuid
 import pytest
 
 from exporter.cache import Outcome
-from exporter.localpg import LocalCluster
 from exporter.state import STATE
+from rigs.localpg import LocalCluster
 from tests.integration.helpers import (
     exporter_backends,
     statement_calls,

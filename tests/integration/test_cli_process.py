@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import main
-from exporter.localpg import LocalCluster, free_port
+from rigs.localpg import LocalCluster, free_port
 from tests.integration.helpers import COLLECTORS, REPO, value, wait_for
 
 

@@ -12,9 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.localpg import LocalCluster
 from exporter.state import STATE
 from exporter.web import create_app
+from rigs.localpg import LocalCluster
 from tests.integration.helpers import (
     exporter_backends,
     samples,

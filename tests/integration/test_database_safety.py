@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from exporter.cache import Outcome
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from exporter.server import Server
 from exporter.state import STATE
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from tests.integration.helpers import exporter_backends, value
 from tests.integration.rawhttp import Served, Start, get, poll_async
 

@@ -6,8 +6,8 @@ import time
 import uuid
 
 from exporter.cache import Outcome
-from exporter.localpg import LocalCluster
 from exporter.state import STATE
+from rigs.localpg import LocalCluster
 from tests.integration.helpers import exporter_backends
 from tests.integration.rawhttp import RawClient, Start, poll, poll_async
 

@@ -17,11 +17,11 @@ from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.definitions import Definitions
-from exporter.localbouncer import LocalPgBouncer
-from exporter.localpg import LocalCluster
 from exporter.planning import ServerFacts
 from exporter.state import STATE
 from exporter.web import create_app
+from rigs.localbouncer import LocalPgBouncer
+from rigs.localpg import LocalCluster
 from tests.gocompat import Row, applicable, coverage, gaps, load_rows, offers
 from tests.integration.helpers import COLLECTORS, samples, settings_for, wait_for
 from tests.integration.test_library_coverage import DB, MONITOR, _definitions, _prepare

@@ -29,9 +29,9 @@ from exporter.health import (
     add_health_routes,
     health_context,
 )
-from exporter.localbouncer import LocalPgBouncer
-from exporter.localpg import LocalCluster, pg18_bindir
 from exporter.settings import Settings
+from rigs.localbouncer import LocalPgBouncer
+from rigs.localpg import LocalCluster, pg18_bindir
 
 Client = TestClient[web.Request, web.Application]
 INTERVAL = 0.2  # probe period in these tests: outcomes show up quickly

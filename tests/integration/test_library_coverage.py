@@ -16,12 +16,12 @@ from pytest_aiohttp.plugin import AiohttpClient
 from exporter.cache import Outcome
 from exporter.definitions import Definitions
 from exporter.loading import load_definitions
-from exporter.localbouncer import LocalPgBouncer
-from exporter.localpg import LocalCluster
 from exporter.planning import ServerFacts, make_plan
 from exporter.samples import SampleBuilder
 from exporter.state import STATE
 from exporter.web import create_app
+from rigs.localbouncer import LocalPgBouncer
+from rigs.localpg import LocalCluster
 from tests.integration.helpers import COLLECTORS, samples, settings_for, value, wait_for
 from tests.promtool import unexpected_problems
 

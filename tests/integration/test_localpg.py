@@ -15,8 +15,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from exporter import demo, localpg
-from exporter.localpg import LocalCluster, LocalPgError, pg18_bindir
+from rigs import demo, localpg
+from rigs.localpg import LocalCluster, LocalPgError, pg18_bindir
+
+REPO = Path(__file__).resolve().parents[2]  # where ``rigs`` imports from, like scripts/demo
 
 
 def _postmaster_pid(cluster: LocalCluster) -> int:
@@ -130,13 +132,18 @@ def test_strays_of_dead_processes_are_reaped() -> None:
     """A cluster whose creating process died is killed and removed by the next process."""
     script = (
         "import os, sys\n"
-        "from exporter.localpg import LocalCluster, pg18_bindir\n"
+        "from rigs.localpg import LocalCluster, pg18_bindir\n"
         "c = LocalCluster(pg18_bindir()); c.start()\n"
         "print(c.base_dir, flush=True)\n"
         "os._exit(0)\n"  # die without any clean-up
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     base = Path(done.stdout.strip())
     pid = int((base / "data" / "postmaster.pid").read_text().split("\n", 1)[0])

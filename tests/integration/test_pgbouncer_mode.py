@@ -10,10 +10,10 @@ from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.cache import Outcome
 from exporter.loading import load_definitions
-from exporter.localbouncer import LocalPgBouncer
 from exporter.settings import Settings
 from exporter.state import STATE
 from exporter.web import create_app
+from rigs.localbouncer import LocalPgBouncer
 from tests.integration.helpers import COLLECTORS, samples, value
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from exporter.loading import load_definitions
-from exporter.localpg import LocalCluster, pg18_bindir
+from rigs.localpg import LocalCluster, pg18_bindir
 from tests.integration.helpers import settings_for, value
 from tests.integration.rawhttp import get, poll_async, serving
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.localpg import LocalCluster, free_port, pg18_bindir
+from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.integration.helpers import COLLECTORS, REPO, samples, wait_for
 
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from exporter.localpg import LocalCluster, free_port
+from rigs.localpg import LocalCluster, free_port
 from tests.integration.helpers import COLLECTORS, REPO, value, wait_for
 
 ROLE = "pw_probe"

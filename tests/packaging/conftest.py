@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import exporter
-from exporter.localpg import LocalCluster, pg15_bindir
+from rigs.localpg import LocalCluster, pg15_bindir
 
 REPO = Path(__file__).resolve().parents[2]
 DIST = REPO / "dist"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.localpg import LocalCluster, free_port
+from rigs.localpg import LocalCluster, free_port
 from tests.integration.helpers import samples, value
 from tests.packaging.conftest import (
     APT_ENV,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from exporter.localpg import LocalCluster
+from rigs.localpg import LocalCluster
 from tests.packaging.conftest import REPO, VERSION, Built, run
 
 SITE = "/usr/lib/pg_exporter/site-packages"

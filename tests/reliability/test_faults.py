@@ -34,10 +34,10 @@ import pytest
 from aiohttp import web
 
 from exporter.loading import load_definitions
-from exporter.localbouncer import LocalPgBouncer
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from exporter.settings import Settings
 from exporter.state import STATE
+from rigs.localbouncer import LocalPgBouncer
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from tests.integration.rawhttp import poll as wait_async
 from tests.reliability.test_shutdown import backends, http_get, poll, start_exporter
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
 from tests.integration.helpers import COLLECTORS, REPO, statement_calls, value, wait_for
 
 pytestmark = pytest.mark.pg

@@ -24,10 +24,10 @@ import pytest
 
 from exporter.definitions import Definitions
 from exporter.health import HEALTH_PATHS
-from exporter.localpg import LocalCluster, free_port, pg18_bindir
 from exporter.settings import Settings
 from exporter.state import STATE
 from exporter.webconfig import WebConfig
+from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.integration.helpers import REPO, settings_for, write_collectors
 from tests.integration.rawhttp import RawClient, get, poll, serving
 

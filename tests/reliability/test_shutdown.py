@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 
 pytestmark = pytest.mark.pg
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak import CONNECTION_CAP, MIX, SoakConfig, SoakResult, report, soak
-from exporter.localpg import LocalCluster, pg18_bindir
+from rigs.localpg import LocalCluster, pg18_bindir
 
 pytestmark = pytest.mark.pg
 

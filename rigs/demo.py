@@ -1,6 +1,6 @@
 """A local demo: a throw-away PostgreSQL 18 with a little steady activity, watched by the exporter.
 
-Run ``scripts/demo`` (or ``python -m exporter.demo``) and open
+Run ``scripts/demo`` (or ``python -m rigs.demo``) and open
 http://localhost:9630/metrics. Ctrl-C stops the exporter and the cluster.
 Arguments other than ``--port`` are passed on to the exporter.
 """
@@ -18,7 +18,7 @@ from types import FrameType
 
 import psycopg
 
-from exporter.localpg import LocalCluster, pg18_bindir
+from rigs.localpg import LocalCluster, pg18_bindir
 
 DEFAULT_PORT = 9630
 ACTIVITY_INTERVAL = 3.0  # seconds between rounds of demo queries

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 
 # pgBouncer refuses to run as root, like PostgreSQL: the same account runs both.
-from exporter.localpg import SERVER_ACCOUNT, LocalCluster, LocalPgError, free_port, wait_until
+from rigs.localpg import SERVER_ACCOUNT, LocalCluster, LocalPgError, free_port, wait_until
 
 START_TIMEOUT = 30.0
 
