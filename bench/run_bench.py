@@ -1,6 +1,6 @@
 """Benchmark: one workload served by ours and two peer exporters, on one throw-away PostgreSQL.
 
-Run from the repository root: ``.venv/bin/python bench/run_bench.py [--quick] [--json out.json]``.
+Run from the repository root: ``.venv/bin/python -m bench.run_bench [--quick] [--json out.json]``.
 See bench/README.md for what is measured and how to read the table.
 """
 
@@ -15,10 +15,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-if not __package__:
-    # Run as a script: make ``bench`` and ``exporter`` importable from the repository root.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import exporters
 from bench.cluster import Server, throwaway_postgres

@@ -5,7 +5,7 @@ two ways, many times: bare (autocommit), and the way the exporter runs every
 collector (``BEGIN READ ONLY`` + ``SET LOCAL`` limits in one round trip, the
 query, ``COMMIT``). Prints the median per execution and the difference.
 
-    .venv/bin/python bench/txn_overhead.py [--runs 3000]
+    .venv/bin/python -m bench.txn_overhead [--runs 3000]
 """
 
 from __future__ import annotations
@@ -13,19 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import psycopg
 
-import psycopg  # noqa: E402
-
-from exporter import postgres  # noqa: E402
-from exporter.definitions import Collector, Column, Usage  # noqa: E402
-from rigs.localpg import LocalCluster, pg18_bindir  # noqa: E402
+from exporter import postgres
+from exporter.definitions import Collector, Column, Usage
+from rigs.localpg import LocalCluster, pg18_bindir
 
 QUERY = "SELECT 1 AS v"
 COLLECTOR = Collector(

@@ -4,7 +4,7 @@ Runs the real exporter (``python -m exporter``) against a throw-away PostgreSQL 
 and measures, with real sockets: shared passes, admission, the budget header, and
 the cancellation of an unbounded collector whose client hangs up. Prints a table.
 
-    .venv/bin/python bench/verify_bounded.py
+    .venv/bin/python -m bench.verify_bounded
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from exporter.budget import SCRAPE_TIMEOUT_HEADER
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
+from tests.integration.helpers import statement_calls, value
+from tests.integration.rawhttp import RawClient, get
 
-from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
-from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir  # noqa: E402
-from tests.integration.helpers import statement_calls, value  # noqa: E402
-from tests.integration.rawhttp import RawClient, get  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BUDGET_HEADER = SCRAPE_TIMEOUT_HEADER
 

@@ -1,11 +1,12 @@
 """A real HA pair: two Debian Prometheus servers scrape one exporter process every second.
 
-One run (about 40 s) of ``bench/ha_pair.py`` with a shortened first phase: 22
-scrapes per server of a fast, a 0.6 s bounded (ttl 5) and an unbounded collector,
-then 3 per server with a collector slower than the 0.9 s scrape timeout. Each test
-checks one claim against the Prometheus HTTP API, the statement log or what the
-recording proxies saw at the exporter's socket; ``bench/ha_pair.py --minutes N``
-runs the same checks for longer and prints them as a table.
+One run (about 40 s) of ``ha_pair.py`` (next to this file) with a shortened first
+phase: 22 scrapes per server of a fast, a 0.6 s bounded (ttl 5) and an unbounded
+collector, then 3 per server with a collector slower than the 0.9 s scrape timeout.
+Each test checks one claim against the Prometheus HTTP API, the statement log or what
+the recording proxies saw at the exporter's socket;
+``python -m tests.reliability.ha_pair --minutes N`` runs the same checks for longer
+and prints them as a table.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ha_pair import Row, figures, run_pair, table
+from tests.reliability.ha_pair import Row, figures, run_pair, table
 
 pytestmark = pytest.mark.pg  # it starts its own PostgreSQL 18
 NORMAL_SCRAPES = 22  # per server: about four TTL windows of the cached collector

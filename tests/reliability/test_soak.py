@@ -1,9 +1,9 @@
 """Soak: thousands of mixed scrapes against one exporter process leave nothing behind.
 
-The load, the sampling and the figures are ``bench/soak.py``'s (the long run is
-``.venv/bin/python bench/soak.py``); here a short run asserts flatness with wide
-margins: resident memory, file descriptors, asyncio tasks and database connections
-come back to their baseline, and no admission slot leaks.
+The load, the sampling and the figures are those of ``soak.py`` next to this file
+(the long run is ``.venv/bin/python -m tests.reliability.soak``); here a short run
+asserts flatness with wide margins: resident memory, file descriptors, asyncio tasks
+and database connections come back to their baseline, and no admission slot leaks.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import CONNECTION_CAP, MIX, SoakConfig, SoakResult, report, soak
 from rigs.localpg import LocalCluster, pg18_bindir
+from tests.reliability.soak import CONNECTION_CAP, MIX, SoakConfig, SoakResult, report, soak
 
 pytestmark = pytest.mark.pg
 

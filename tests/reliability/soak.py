@@ -19,8 +19,8 @@ slot held (two concurrent scrapes both get 200, and the in-flight gauge counts
 only the scrape reading it). Prints start/end values and the least-squares slope
 per 1000 scrapes.
 
-    .venv/bin/python bench/soak.py                      # 20 000 scrapes
-    .venv/bin/python bench/soak.py --scrapes 50000 --json soak.json
+    .venv/bin/python -m tests.reliability.soak            # 20 000 scrapes
+    .venv/bin/python -m tests.reliability.soak --scrapes 50000 --json soak.json
 """
 
 from __future__ import annotations
@@ -41,15 +41,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from exporter.budget import SCRAPE_TIMEOUT_HEADER
+from rigs.localpg import LocalCluster, free_port, pg18_bindir
+from tests.integration.helpers import exporter_backends, value
+from tests.integration.rawhttp import RawClient, get
 
-from bench.measure import memory  # noqa: E402
-from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
-from rigs.localpg import LocalCluster, free_port, pg18_bindir  # noqa: E402
-from tests.integration.helpers import exporter_backends, value  # noqa: E402
-from tests.integration.rawhttp import RawClient, get  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 BUDGET_HEADER = SCRAPE_TIMEOUT_HEADER
 EXTRA_DATABASES = ("soak_a", "soak_b")
@@ -207,7 +204,9 @@ class ExporterProcess:
 
     def rss_kib(self) -> int:
         """VmRSS of the process in KiB."""
-        return memory(self.pid).rss_kib
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
+        return int(line.split()[1])
 
     def fds(self) -> int:
         """Open file descriptors of the process."""

@@ -18,7 +18,7 @@ unbounded 2 s one, slower than the scrape timeout. Prometheus gives up at 0.9 s 
 shows whether the header became its budget: 503 "budget ran out" after about
 0.9 s, where a 30 s default budget would answer 200 after 2 s.
 
-    .venv/bin/python bench/ha_pair.py --minutes 3
+    .venv/bin/python -m tests.reliability.ha_pair --minutes 3
 """
 
 from __future__ import annotations
@@ -42,16 +42,10 @@ from typing import Any
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from exporter.budget import SCRAPE_TIMEOUT_HEADER
+from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
 
-from exporter.budget import SCRAPE_TIMEOUT_HEADER  # noqa: E402
-from rigs.localpg import (  # noqa: E402
-    VERBOSE_LOG_SETTINGS,
-    LocalCluster,
-    free_port,
-    pg18_bindir,
-)
+REPO = Path(__file__).resolve().parents[2]
 
 INTERVAL = 1.0
 SCRAPE_TIMEOUT = 0.9  # below the 1 s interval, with room for a 0.6 s collector on a busy machine
