@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def promtool() -> str:
-    """Path of promtool (Debian's prometheus package, installed when missing)."""
+    """Path of promtool (Debian's prometheus package; the test fails when it is missing)."""
     return find_promtool()
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
+
+from tests.programs import required
 
 # promtool's naming advice that our compatible names break on purpose: counters keep their
 # names, histogram parts are separate gauge families, and the Go exporter's names carry
@@ -18,18 +19,8 @@ ACCEPTED_LINT = (
 
 
 def find_promtool() -> str:
-    """Path of promtool, installed from Debian's prometheus package when missing."""
-    path = shutil.which("promtool")
-    if path is None:
-        subprocess.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"],
-            check=True,
-            capture_output=True,
-            env={"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-        )
-        path = shutil.which("promtool")
-    assert path is not None, "promtool could not be installed"
-    return path
+    """Path of promtool, from Debian's prometheus package (``scripts/setup`` installs it)."""
+    return required("promtool", package="prometheus")
 
 
 def unexpected_problems(promtool: str, exposition: bytes) -> list[str]:

@@ -1,11 +1,11 @@
 """Package tests: build the .deb and .rpm once per session and install the .deb here.
 
-These tests change the machine, on purpose and only as root: they install the
-Debian packages they use (rpm and cpio to read the .rpm, python3-seccomp for the
-sandbox, systemd for systemd-analyze), then install, upgrade and purge
-pg-exporter itself. A marker file tells a pg-exporter they installed (and a run
-that was killed left behind) from one an operator installed, which they refuse
-to touch.
+These tests change the machine, on purpose and only as root: they install,
+upgrade and purge pg-exporter itself. The tools they use (rpm and cpio to read
+the .rpm, python3-seccomp for the sandbox, systemd for systemd-analyze) come from
+``scripts/setup``; a test never installs them. A marker file tells a pg-exporter
+they installed (and a run that was killed left behind) from one an operator
+installed, which they refuse to touch.
 """
 
 from __future__ import annotations
@@ -67,14 +67,6 @@ def deb_installed(name: str) -> bool:
     return status.endswith("ok installed")
 
 
-def apt_install(*names: str) -> None:
-    """Install the Debian packages among ``names`` that are missing."""
-    missing = [name for name in names if not deb_installed(name)]
-    if missing:
-        run("apt-get", "update", "-qq", env=APT_ENV)
-        run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, env=APT_ENV)
-
-
 def purge_pg_exporter() -> None:
     """Remove pg-exporter with its configuration, then forget the marker."""
     if deb_installed("pg-exporter"):
@@ -84,10 +76,12 @@ def purge_pg_exporter() -> None:
 
 @pytest.fixture(scope="session")
 def tools() -> None:
-    """rpm, cpio, python3-seccomp and systemd-analyze, installed when missing (needs root)."""
+    """rpm, cpio, python3-seccomp and systemd-analyze are installed, and we are root."""
     if os.geteuid() != 0:
-        pytest.fail("the package tests install packages on this machine: run them as root")
-    apt_install(*TOOLS)
+        pytest.fail("the package tests install pg-exporter on this machine: run them as root")
+    missing = [name for name in TOOLS if not deb_installed(name)]
+    if missing:
+        pytest.fail(f"missing Debian packages {', '.join(missing)}: run scripts/setup")
 
 
 @pytest.fixture(scope="session")

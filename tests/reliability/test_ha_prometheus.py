@@ -12,12 +12,11 @@ and prints them as a table.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.programs import required
 from tests.reliability.ha_pair import Row, figures, run_pair, table
 
 pytestmark = pytest.mark.pg  # it starts its own PostgreSQL 18
@@ -25,22 +24,10 @@ NORMAL_SCRAPES = 22  # per server: about four TTL windows of the cached collecto
 OVERRUN_SCRAPES = 3
 
 
-def _prometheus() -> None:
-    """Debian's prometheus server, installed when missing (as tests/promtool.py does)."""
-    if shutil.which("prometheus") is None:
-        subprocess.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"],
-            check=True,
-            capture_output=True,
-            env={"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-        )
-    assert shutil.which("prometheus") is not None, "prometheus could not be installed"
-
-
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Row]:
     """The checks of one HA-pair run, by key; the whole table is printed for the log."""
-    _prometheus()
+    required("prometheus", package="prometheus")
     workdir: Path = tmp_path_factory.mktemp("ha-pair")
     run = asyncio.run(run_pair(NORMAL_SCRAPES, OVERRUN_SCRAPES, workdir))
     measured = figures(run)
