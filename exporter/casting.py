@@ -1,6 +1,6 @@
 """Casting: one result cell as a sample value or a label value (pure).
 
-psycopg hands over Python objects; §3 of the compatibility spec says how each
+psycopg hands over Python objects; docs/compatibility.md §3 says how each
 becomes a number: timestamps as Unix seconds, booleans 1/0, numeric text parsed,
 anything else NaN. ``scale`` applies to numbers only.
 """
