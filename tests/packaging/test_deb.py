@@ -73,6 +73,9 @@ def test_payload_layout_and_modes(built: Built) -> None:
     assert members["/usr/lib/systemd/system/pg_exporter.service"] == "-rw-r--r--"
     assert members["/etc/default/pg_exporter"] == "-rw-------"
     assert members["/usr/share/doc/pg-exporter/README.md"] == "-rw-r--r--"
+    # The README's links into docs/ resolve where it is installed.
+    for page in sorted((REPO / "docs").glob("*.md")):
+        assert members[f"/usr/share/doc/pg-exporter/docs/{page.name}"] == "-rw-r--r--", page.name
     assert members["/usr/share/doc/pg-exporter/copyright"] == "-rw-r--r--"
     assert f"{SITE}/exporter/cli.py" in members
     assert f"{SITE}/psycopg/pq/_pq_ctypes.py" in members  # psycopg's libpq-through-ctypes
