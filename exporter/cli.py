@@ -20,7 +20,7 @@ from exporter.dryrun import render_definitions
 from exporter.errors import ConfigError, UsageError
 from exporter.flags import BY_LONG, InfoRequested, bool_text, scan
 from exporter.logs import FORMATS, LEVELS, configure_logging
-from exporter.settings import Settings
+from exporter.settings import ListenAddress, Settings
 from exporter.target import TargetError
 from exporter.validation import LABEL_NAME
 
@@ -56,7 +56,7 @@ def _settings(src: _Source, url: str) -> Settings:
         systemd_socket=src.switch("web.systemd-socket", default=False),
         web_config_file=_existing_file(src, "web.config.file"),
         openmetrics=src.switch("web.enable-openmetrics", default=False),
-        telemetry_path=src.text("web.telemetry-path") or defaults.DEFAULT_TELEMETRY_PATH,
+        telemetry_path=_telemetry_path(src),
         const_labels=_labels(src),
         tags=tuple(dict.fromkeys(_words(src.text("tag") or ""))),
         disable_cache=src.switch("disable-cache", default=False),
@@ -150,15 +150,33 @@ def _existing_file(src: _Source, name: str) -> str | None:
     return path
 
 
-def _listen(address: str) -> str:
-    """Check ``[host]:port``; the host may be empty, a name, IPv4 or bracketed IPv6."""
+def _listen(address: str) -> ListenAddress:
+    """``[host]:port``; the host may be empty, a name, IPv4 or bracketed IPv6; port 1-65535."""
     host, colon, port = address.rpartition(":")
-    bad_host = ":" in host and not (host.startswith("[") and host.endswith("]"))
-    if not colon or bad_host or not port.isdigit() or int(port) > _PORT_MAX:
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    bad_host = (":" in host or "[" in host or "]" in host) and not bracketed
+    if not colon or bad_host or not (port.isascii() and port.isdigit()):
         raise UsageError(
             f"--web.listen-address {address!r} is not [host]:port (e.g. :9630, [::1]:9630)"
         )
-    return address
+    if not 0 < int(port) <= _PORT_MAX:
+        raise UsageError(
+            f"--web.listen-address {address!r} is not [host]:port: the port must be 1-{_PORT_MAX}"
+        )
+    return ListenAddress(host.removeprefix("[").removesuffix("]") or None, int(port))
+
+
+def _telemetry_path(src: _Source) -> str:
+    """An absolute, canonical path that no fixed route of the exporter already serves."""
+    found = src.lookup("web.telemetry-path")
+    if found is None or not found[0]:
+        return defaults.DEFAULT_TELEMETRY_PATH
+    from exporter.web import telemetry_path_problems  # the route table lives with the app
+
+    problems = telemetry_path_problems(found[0])
+    if problems:
+        raise UsageError(f"{found[1]} {found[0]!r}: " + "; ".join(problems))
+    return found[0]
 
 
 def _words(text: str) -> list[str]:

@@ -71,7 +71,7 @@ FLAGS = (
          "Collector file, or directory of *.yml files. Without it, the first that exists of "
          + ", ".join(defaults.CONFIG_CANDIDATES) + "."),
     Flag("web.listen-address",  "",  "",                     _L, "[HOST]:PORT",
-         defaults.DEFAULT_LISTEN, "Address to serve on; repeat the flag for several."),
+         str(defaults.DEFAULT_LISTEN), "Address to serve on; repeat the flag for several."),
     Flag("web.systemd-socket",  "",  "",                     _S, "",         "false",
          "Serve on the sockets systemd passes (socket activation) instead of "
          "--web.listen-address."),

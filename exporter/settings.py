@@ -7,16 +7,30 @@ libpq into a :class:`~exporter.target.Target` when the settings are made.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from exporter.target import Target
 
 DEFAULT_URL = "postgresql:///?sslmode=disable"
-DEFAULT_LISTEN = ":9630"
 DEFAULT_TELEMETRY_PATH = "/metrics"
 DEFAULT_EXCLUDE = ("template0", "template1", "postgres")
 DEFAULT_CONNECT_TIMEOUT_MS = 100
 DEFAULT_MAX_SERIES = 100_000
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
+
+
+class ListenAddress(NamedTuple):
+    """One ``--web.listen-address``, as :mod:`exporter.cli` parsed it."""
+
+    host: str | None  # None: every interface; an IPv6 address without its brackets
+    port: int  # 1-65535
+
+    def __str__(self) -> str:
+        host = self.host or ""
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+
+DEFAULT_LISTEN = ListenAddress(None, 9630)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +40,11 @@ class Settings:
     url: str = field(default=DEFAULT_URL, repr=False)  # as given: it may hold a password
     config: str | None = None  # resolved path of a collector file or directory
     config_origin: str = ""  # where the path came from (--config, $PG_EXPORTER_CONFIG), for errors
-    listen_addresses: tuple[str, ...] = (DEFAULT_LISTEN,)
+    listen_addresses: tuple[ListenAddress, ...] = (DEFAULT_LISTEN,)
     systemd_socket: bool = False  # serve the sockets systemd passes instead of listening
     web_config_file: str | None = None
     openmetrics: bool = False  # answer OpenMetrics when asked; the Go exporter never does
-    telemetry_path: str = DEFAULT_TELEMETRY_PATH
+    telemetry_path: str = DEFAULT_TELEMETRY_PATH  # checked against the fixed routes
     const_labels: tuple[tuple[str, str], ...] = ()
     tags: tuple[str, ...] = ()
     disable_cache: bool = False

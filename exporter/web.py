@@ -19,7 +19,6 @@ from exporter.admission import Admission
 from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, budget_seconds
 from exporter.collection import Exporter
 from exporter.definitions import Definitions
-from exporter.errors import UsageError
 from exporter.exposition import (
     Family,
     Format,
@@ -183,8 +182,8 @@ def make_runner(app: web.Application) -> web.AppRunner:
     )
 
 
-def validate_telemetry_path(path: str) -> None:
-    """Reject telemetry paths that cannot be routed unambiguously."""
+def telemetry_path_problems(path: str) -> list[str]:
+    """Why ``path`` cannot serve the exposition unambiguously (empty when it can)."""
     problems = []
     if not path.startswith("/") or path == "/":
         problems.append("must be an absolute path other than /")
@@ -194,29 +193,13 @@ def validate_telemetry_path(path: str) -> None:
         problems.append("must be canonical (no //, /./ or /../)")
     if path in FIXED_ROUTES:
         problems.append(f"clashes with the fixed route {path}")
-    if problems:
-        raise UsageError(f"--web.telemetry-path {path!r}: " + "; ".join(problems))
-
-
-def parse_listen_address(address: str) -> tuple[str | None, int]:
-    """``:9630`` → (None, 9630); ``127.0.0.1:9630``; ``[::1]:9630``."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise UsageError(f"--web.listen-address {address!r}: expected [host]:port")
-    host = host.strip("[]")
-    return (host or None), int(port_text)
+    return problems
 
 
 def run(settings: Settings, definitions: Definitions, web_config: WebConfig | None = None) -> int:
     """Serve until SIGINT or SIGTERM; the exit code for the CLI."""
-    try:
-        validate_telemetry_path(settings.telemetry_path)
-        addresses = [parse_listen_address(a) for a in settings.listen_addresses]
-    except UsageError as exc:
-        log.error(str(exc))
-        return 1
     _raise_fd_limit()
-    return asyncio.run(_serve(settings, definitions, addresses, web_config or WebConfig()))
+    return asyncio.run(_serve(settings, definitions, web_config or WebConfig()))
 
 
 def _raise_fd_limit() -> None:
@@ -228,12 +211,7 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def _serve(
-    settings: Settings,
-    definitions: Definitions,
-    addresses: list[tuple[str | None, int]],
-    web_config: WebConfig,
-) -> int:
+async def _serve(settings: Settings, definitions: Definitions, web_config: WebConfig) -> int:
     app = create_app(settings, definitions, web_config)
     tls = ssl_context(web_config.tls) if web_config.tls else None
     app[STATE].tls_context = tls
@@ -243,7 +221,7 @@ async def _serve(
     runner = make_runner(app)
     await runner.setup()
     try:
-        await _listen(runner, settings, addresses, tls)
+        await _listen(runner, settings, tls)
     except OSError as exc:
         log.error("cannot listen: %s", exc)
         await runner.cleanup()
@@ -269,17 +247,12 @@ async def _serve(
     return 0
 
 
-async def _listen(
-    runner: web.AppRunner,
-    settings: Settings,
-    addresses: list[tuple[str | None, int]],
-    tls: ssl.SSLContext | None,
-) -> None:
+async def _listen(runner: web.AppRunner, settings: Settings, tls: ssl.SSLContext | None) -> None:
     """Start a site per listen address, or per socket systemd passed (socket activation)."""
     if not settings.systemd_socket:
-        for host, port in addresses:
-            await web.TCPSite(runner, host, port, ssl_context=tls).start()
-            log.info("listening", extra={"address": f"{host or ''}:{port}"})
+        for address in settings.listen_addresses:
+            await web.TCPSite(runner, address.host, address.port, ssl_context=tls).start()
+            log.info("listening", extra={"address": str(address)})
         return
     sockets = systemd.listen_sockets()
     if not sockets:

@@ -21,7 +21,7 @@ from exporter.dryrun import render_definitions
 from exporter.errors import ConfigError, Problem, UsageError
 from exporter.flags import FLAGS, InfoRequested, Kind
 from exporter.loading import load_definitions
-from exporter.settings import Settings
+from exporter.settings import ListenAddress, Settings
 
 COLLECTOR = """\
 pg_demo:
@@ -78,7 +78,7 @@ def test_defaults(config: str) -> None:
     assert parse(config) == Settings(config=config, config_origin="--config")
     settings = parse(config)
     assert settings.masked_url == "postgresql:///?sslmode=disable"
-    assert settings.listen_addresses == (":9630",)
+    assert settings.listen_addresses == (ListenAddress(None, 9630),)
     assert settings.exclude_databases == ("template0", "template1", "postgres")
     assert settings.connect_timeout == 0.1
     assert settings.max_series == 100_000
@@ -89,7 +89,11 @@ def test_defaults(config: str) -> None:
 VALUE_CASES = [
     (["--url", "postgres://h/db?sslmode=require"], "url", "postgres://h/db?sslmode=require"),
     (["-u", "postgres://h/db?sslmode=require"], "url", "postgres://h/db?sslmode=require"),
-    (["--web.listen-address=127.0.0.1:9999"], "listen_addresses", ("127.0.0.1:9999",)),
+    (
+        ["--web.listen-address=127.0.0.1:9999"],
+        "listen_addresses",
+        (ListenAddress("127.0.0.1", 9999),),
+    ),
     (["--web.telemetry-path", "/m"], "telemetry_path", "/m"),
     (["-P", "/m"], "telemetry_path", "/m"),
     (["--label", "a=1,b=2"], "const_labels", (("a", "1"), ("b", "2"))),
@@ -243,14 +247,39 @@ def test_bad_switch_values(config: str, argv: list[str], env: dict[str, str], me
 def test_listen_address_is_repeatable(config: str) -> None:
     """--web.listen-address may be given several times; all are kept in order."""
     settings = parse(config, "--web.listen-address", ":1", "--web.listen-address=[::1]:2")
-    assert settings.listen_addresses == (":1", "[::1]:2")
+    assert settings.listen_addresses == (ListenAddress(None, 1), ListenAddress("::1", 2))
+    assert [str(a) for a in settings.listen_addresses] == [":1", "[::1]:2"]
 
 
-@pytest.mark.parametrize("address", ["9630", "host:", ":99999", "::1:80", "h:port"])
+@pytest.mark.parametrize(
+    "address", ["9630", "host:", ":99999", "::1:80", "h:port", ":0", "[::1]:0", "[]:80", "[::1:80"]
+)
 def test_bad_listen_address(config: str, address: str) -> None:
-    """A listen address that is not [host]:port is refused."""
+    """A listen address that is not [host]:port, or whose port is not 1-65535, is refused."""
     with pytest.raises(UsageError, match="is not \\[host\\]:port"):
         parse(config, "--web.listen-address", address)
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("/version", "clashes with the fixed route /version"),
+        ("/up", "clashes with the fixed route /up"),
+        ("metrics", "must be an absolute path other than /"),
+        ("/", "must be an absolute path other than /"),
+        ("/a//b", "must be canonical"),
+        ("/m?x", "must not contain '?'"),
+    ],
+)
+def test_bad_telemetry_path(config: str, path: str, problem: str) -> None:
+    """A telemetry path that a fixed route serves, or that cannot be routed as written, is
+    refused when the settings are parsed, naming where it came from."""
+    with pytest.raises(
+        UsageError, match=f"^--web.telemetry-path '{re.escape(path)}': .*{re.escape(problem)}"
+    ):
+        parse(config, "--web.telemetry-path", path)
+    with pytest.raises(UsageError, match=f"^\\$PG_EXPORTER_TELEMETRY_PATH .*{re.escape(problem)}"):
+        parse(config, PG_EXPORTER_TELEMETRY_PATH=path)
 
 
 def test_labels_are_stripped_and_keep_order(config: str) -> None:
@@ -535,6 +564,32 @@ def test_main_usage_error_is_one_line_exit_1(
     assert captured.out == ""
     (line,) = captured.err.splitlines()
     assert line.startswith("pg_exporter: ")
+
+
+@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["--explain"]])
+@pytest.mark.parametrize(
+    "bad", [["--web.listen-address", ":0"], ["--web.listen-address=[::1]:0"], ["-P", "/version"]]
+)
+def test_every_mode_refuses_bad_web_settings_alike(
+    config: str,
+    mode: list[str],
+    bad: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Serving, --dry-run and --explain refuse a listen address or telemetry path that
+    cannot be served the same way: exit 1, one line, before the config is loaded."""
+    from exporter import collection, web
+
+    monkeypatch.setattr(web, "run", lambda *a: pytest.fail("served"))
+    monkeypatch.setattr(collection, "explain_main", lambda *a: pytest.fail("explained"))
+    monkeypatch.setattr("exporter.loading.load_for_settings", lambda *a: pytest.fail("loaded"))
+    assert main([*mode, "-c", config, *bad]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("pg_exporter: ")
+    assert bad[-1].rpartition("=")[2] in line
 
 
 def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attributes: object) -> None:
