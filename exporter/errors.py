@@ -2,7 +2,41 @@
 
 from __future__ import annotations
 
+import reprlib
+from collections.abc import Sized
 from dataclasses import dataclass
+
+# A value quoted in a message is cut to this many characters: a collector file can
+# hold megabytes in one value, or (through YAML aliases) far more.
+EXCERPT_CHARS = 80
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 2
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdict = 6
+_REPR.maxstring = _REPR.maxother = EXCERPT_CHARS
+_REPR.maxlong = 40
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)`` for a message: cut after ``limit`` characters, saying how long it was."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    text = _REPR.repr(value)  # bounded by depth and items, even for shared or cyclic values
+    cut = len(text) > limit
+    if cut:
+        text = f"{text[:limit]}…"
+    if isinstance(value, Sized) and (cut or len(value) > _REPR.maxlist):
+        text += f" ({len(value)} items)"
+    return text
+
+
+def shorten(text: str, limit: int = 2 * EXCERPT_CHARS) -> str:
+    """``text`` whole up to ``limit`` characters, else its two ends: for names in locations."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}…{text[-half:]}"
 
 
 @dataclass(frozen=True, slots=True)

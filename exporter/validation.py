@@ -23,7 +23,7 @@ from exporter.definitions import (
     Predicate,
     Usage,
 )
-from exporter.errors import Problem
+from exporter.errors import Problem, excerpt, shorten
 
 BRANCH_FIELDS = frozenset(
     {"name", "desc", "query", "predicate_queries", "ttl", "timeout", "priority"}
@@ -70,7 +70,7 @@ class Notes:
             self.warn(f"{where}.{name}", message)
 
     def _at(self, where: str) -> str:
-        return f"{self.source}:{where}" if where else self.source
+        return f"{self.source}:{shorten(where)}" if where else self.source
 
 
 def read_branch(notes: Notes, key: object, body: object, file_index: int) -> Collector | None:
@@ -116,7 +116,7 @@ def _read_prefix(notes: Notes, key: str, value: object) -> str:
             )
         return key
     if not isinstance(value, str) or not METRIC_NAME.fullmatch(value):
-        notes.error(f"{key}.name", f"name must match {METRIC_NAME.pattern}, got {value!r}")
+        notes.error(f"{key}.name", f"name must match {METRIC_NAME.pattern}, got {excerpt(value)}")
         return key
     return value
 
@@ -214,7 +214,7 @@ def _read_int(
         notes.error(where, f"expected {what}, got {kind_of(value)}")
         return None
     if minimum is not None and value < minimum:
-        notes.error(where, f"must be at least {minimum} ({what}), got {value}")
+        notes.error(where, f"must be at least {minimum} ({what}), got {excerpt(value)}")
         return None
     return value
 
@@ -239,7 +239,7 @@ def _read_column(notes: Notes, where: str, entry: object) -> Column | None:
         return None
     if not isinstance(spec, dict):
         notes.error(
-            where, f"column {name!r} needs a map like {{usage: GAUGE}}, got {kind_of(spec)}"
+            where, f"column {excerpt(name)} needs a map like {{usage: GAUGE}}, got {kind_of(spec)}"
         )
         return None
     notes.warn_unknown(where, spec, COLUMN_FIELDS)
@@ -299,13 +299,13 @@ def _read_buckets(notes: Notes, where: str, usage: Usage | None, raw: object) ->
         notes.error(where, f"a HISTOGRAM column needs bucket: a list of bounds, got {kind_of(raw)}")
         return ()
     if not all(_is_number(bound) for bound in raw):
-        notes.error(where, f"bucket bounds must be numbers, got {raw!r}")
+        notes.error(where, f"bucket bounds must be numbers, got {excerpt(raw)}")
         return ()
     bounds = tuple(float(bound) for bound in raw)
     if not all(math.isfinite(bound) for bound in bounds):
-        notes.error(where, f"bucket bounds must be finite (+Inf is implicit), got {raw!r}")
+        notes.error(where, f"bucket bounds must be finite (+Inf is implicit), got {excerpt(raw)}")
     elif any(low >= high for low, high in itertools.pairwise(bounds)):
-        notes.error(where, f"bucket bounds must be strictly increasing, got {raw!r}")
+        notes.error(where, f"bucket bounds must be strictly increasing, got {excerpt(raw)}")
     return bounds
 
 
@@ -330,7 +330,8 @@ def _unique_columns(notes: Notes, entries: list[tuple[str, Column]]) -> list[tup
     unique = []
     for where, column in entries:
         if column.name in first:
-            notes.error(where, f"column {column.name!r} is already at {first[column.name]}")
+            at = shorten(first[column.name])
+            notes.error(where, f"column {excerpt(column.name)} is already at {at}")
         else:
             first[column.name] = where
             unique.append((where, column))
@@ -344,11 +345,14 @@ def _check_labels(notes: Notes, labels: list[tuple[str, Column]], *, reserve_le:
         label = column.output_name
         at = f"{where}.rename" if column.rename else where
         if not LABEL_NAME.fullmatch(label) or label.startswith("__"):
-            notes.error(at, f"invalid label name {label!r}: expected {LABEL_NAME.pattern}, no __")
+            notes.error(
+                at, f"invalid label name {excerpt(label)}: expected {LABEL_NAME.pattern}, no __"
+            )
         elif label == "le" and reserve_le:
             notes.error(at, "label 'le' is reserved in a branch with a HISTOGRAM column; rename it")
         elif label in first:
-            notes.error(at, f"label {label!r} is also produced by {first[label]}; rename one")
+            other = shorten(first[label])
+            notes.error(at, f"label {excerpt(label)} is also produced by {other}; rename one")
         else:
             first[label] = where
 
@@ -361,12 +365,15 @@ def _check_families(notes: Notes, name: str, values: list[tuple[str, Column]]) -
         at = f"{where}.rename" if column.rename else where
         # The prefix is checked on its own, so only the suffix can make this invalid.
         if not METRIC_SUFFIX.fullmatch(column.output_name):
-            notes.error(at, f"invalid metric name {metric!r}: expected {METRIC_NAME.pattern}")
+            notes.error(
+                at, f"invalid metric name {excerpt(metric)}: expected {METRIC_NAME.pattern}"
+            )
             continue
         families = _families(metric, column.usage)
         clash = next((family for family in families if family in first), None)
         if clash is not None:
-            notes.error(at, f"metric {clash!r} is also produced by {first[clash]}; rename one")
+            other = shorten(first[clash])
+            notes.error(at, f"metric {excerpt(clash)} is also produced by {other}; rename one")
         first.update(dict.fromkeys(families, where))
 
 
@@ -405,11 +412,11 @@ def _is_number(value: object) -> TypeGuard[int | float]:
 
 
 def kind_of(value: object) -> str:
-    """A value as messages show it: its YAML type, and its text when short."""
+    """A value as messages show it: its YAML type, and an excerpt of its text."""
     kind = _KINDS.get(type(value), type(value).__name__)
     if value is None or isinstance(value, list | dict):
         return kind
-    return f"{kind} {value!r}"
+    return f"{kind} {excerpt(value)}"
 
 
 def const_label_problems(
@@ -429,7 +436,7 @@ def const_label_problems(
         for name in sorted(names & labels):
             problems.append(
                 Problem(
-                    f"{collector.source}:{collector.key}",
+                    f"{collector.source}:{shorten(collector.key)}",
                     f"const label {name!r} from --label is also a label of this collector; "
                     "rename one of them",
                 )
