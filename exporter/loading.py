@@ -22,7 +22,7 @@ from exporter.definitions import (
     Definitions,
     Usage,
 )
-from exporter.errors import ConfigError, Problem
+from exporter.errors import ConfigError, Problem, excerpt, shorten
 from exporter.settings import Settings
 from exporter.validation import Notes, const_label_problems, kind_of, read_branch
 
@@ -33,14 +33,58 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 _LEADING_ZERO_INT = re.compile(r"^[-+]?0[0-9]+$")
 # Go reads 1e-6 as a number; YAML 1.1 needs a dot, so PyYAML would give a string.
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+# Bounds on one collector file, so that no file (a wrong path, /dev/zero, a generated
+# or hostile one) costs more than ~100 MB and a few seconds. The whole stock library,
+# as one file, is 0.27 MB, 10 000 values and no alias.
+MAX_FILE_CHARS = 4 * 1024 * 1024  # read no more than this
+MAX_VALUES = 100_000  # PyYAML holds ~800 bytes per value while reading
+# Aliases let a few bytes stand for an enormous document (a "billion laughs" file):
+# the text they add is capped. The Go exporter's YAML library refuses excessive
+# aliasing as well.
+MAX_ALIAS_EXPANSION = 1_000_000
+
+
+class _TooBig(yaml.composer.ComposerError):
+    """A document past the bounds above, or whose aliases make a value contain itself."""
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``090600`` as 90600 and notes duplicate mapping keys."""
+    """SafeLoader that reads ``090600`` as 90600, notes duplicate keys and bounds the size."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.duplicates: list[tuple[str, int]] = []
+        self._sizes: dict[int, int] = {}  # id(node) -> characters of its text, aliases expanded
+        self._expansion = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            return self._compose_alias(parent, index)
+        node = super().compose_node(parent, index)
+        if node is not None:
+            self._sizes[id(node)] = _expanded_size(node, self._sizes)
+            if len(self._sizes) > MAX_VALUES:
+                problem = f"more than {MAX_VALUES} values in one file; split it into several"
+                raise _TooBig(None, None, problem, node.start_mark)
+        return node
+
+    def _compose_alias(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        """The aliased node, once its expanded size keeps the document within bounds."""
+        mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]  # untyped in stubs
+        node = super().compose_node(parent, index)
+        size = self._sizes.get(id(node))
+        if size is None:  # its anchor is still open: the value would contain itself
+            raise _TooBig(
+                None, None, "an alias inside its own anchor: a value cannot contain itself", mark
+            )
+        self._expansion += size
+        if self._expansion > MAX_ALIAS_EXPANSION:
+            problem = (
+                f"aliases expand the document by more than {MAX_ALIAS_EXPANSION} characters "
+                "(an alias bomb?); write the values out or use fewer aliases"
+            )
+            raise _TooBig(None, None, problem, mark)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
@@ -51,6 +95,15 @@ class _Loader(yaml.SafeLoader):
                     self.duplicates.append((key_node.value, key_node.start_mark.line + 1))
                 seen.add(key_node.value)
         return super().construct_mapping(node, deep)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Characters a node stands for, counting what its aliases repeat (children are known)."""
+    if isinstance(node, yaml.SequenceNode):
+        return 2 + sum(sizes[id(item)] for item in node.value)
+    if isinstance(node, yaml.MappingNode):
+        return 2 + sum(sizes[id(key)] + sizes[id(value)] for key, value in node.value)
+    return 2 + len(node.value)
 
 
 def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
@@ -129,10 +182,7 @@ def _parse_yaml(text: str, notes: Notes) -> Any:
         loader = _Loader(text)  # refuses control characters already
         data = loader.get_single_data()
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        detail = getattr(exc, "problem", None) or str(exc)
-        notes.error(where, f"malformed YAML: {detail}; fix the syntax (indentation, quoting)")
+        notes.error(*_yaml_problem(exc))
         return None
     except RecursionError:
         notes.error("", "malformed YAML: nested too deeply to read")
@@ -140,14 +190,28 @@ def _parse_yaml(text: str, notes: Notes) -> Any:
     except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
         # PyYAML's constructors raise plain exceptions for values they cannot build:
         # 2001-13-45 (read as a date), !!int abc, !!bool maybe, !!int ''.
-        notes.error("", f"malformed YAML: a value cannot be read ({exc!r}); quote it as text")
+        notes.error(
+            "", f"malformed YAML: a value cannot be read ({excerpt(exc)}); quote it as text"
+        )
         return None
     finally:
         if loader is not None:
             loader.dispose()
     for key, line in loader.duplicates:
-        notes.warn(f"line {line}", f"key {key!r} appears twice in one mapping; the last one wins")
+        notes.warn(
+            f"line {line}", f"key {excerpt(key)} appears twice in one mapping; the last one wins"
+        )
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
+    """Where a YAML error is (its line) and what to say about it."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"line {mark.line + 1}" if mark is not None else ""
+    detail = shorten(getattr(exc, "problem", None) or str(exc))
+    if isinstance(exc, _TooBig):
+        return where, detail
+    return where, f"malformed YAML: {detail}; fix the syntax (indentation, quoting)"
 
 
 def _load_directory(path: str) -> Definitions:
@@ -168,7 +232,8 @@ def _load_directory(path: str) -> Definitions:
             continue
         for collector in parsed.collectors:
             if (earlier := merged.get(collector.key)) is not None:
-                warnings.append(f"{file}: {collector.key} replaces the one from {earlier.source}")
+                key = shorten(collector.key)
+                warnings.append(f"{file}: {key} replaces the one from {earlier.source}")
             merged[collector.key] = collector
     if not merged:
         problems = problems or [Problem(path, "no collector branch in any of its YAML files")]
@@ -192,14 +257,19 @@ def _yaml_files(path: str) -> list[str]:
 
 
 def _read_file(path: str, index: int) -> ParsedDocument:
-    """One file's text validated; an unreadable file is a problem of its own."""
+    """One file's text validated; an unreadable or oversized file is a problem of its own."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open(encoding="utf-8") as file:
+            text = file.read(MAX_FILE_CHARS + 1)  # never the whole of a huge file
     except FileNotFoundError:
         reason = "no such file or directory; check --config or PG_EXPORTER_CONFIG"
         return ParsedDocument((), (Problem(path, reason),))
     except (OSError, UnicodeDecodeError) as exc:
         return ParsedDocument((), (Problem(path, f"cannot read the file: {exc}"),))
+    if len(text) > MAX_FILE_CHARS:
+        limit = MAX_FILE_CHARS // 1024 // 1024
+        reason = f"more than {limit} MiB of text, the most a collector file may hold; split it"
+        return ParsedDocument((), (Problem(path, reason),))
     return read_document(text, path, index)
 
 
@@ -221,10 +291,11 @@ def _kind_conflicts(ordered: Sequence[Collector]) -> tuple[str, ...]:
             metric = collector.metric_name(column)
             usage, owner = first.setdefault(metric, (column.usage, collector))
             if usage is not column.usage and owner.name != collector.name:
+                key, other = shorten(collector.key), shorten(owner.key)
                 found.append(
-                    f"{collector.source}: {collector.key}: {metric} is a "
+                    f"{collector.source}: {key}: {shorten(metric)} is a "
                     f"{column.usage.value.lower()} here but a {usage.value.lower()} in "
-                    f"{owner.key} ({owner.source}); scrapes keep {owner.key}'s and drop this "
+                    f"{other} ({owner.source}); scrapes keep {other}'s and drop this "
                     "one: rename the column or change its usage"
                 )
     return tuple(found)

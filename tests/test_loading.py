@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import textwrap
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from exporter.definitions import DEFAULT_TIMEOUT, Collector, Column, Predicate, Usage
 from exporter.errors import ConfigError, Problem
-from exporter.loading import load_definitions, parse_document, read_document
+from exporter.loading import (
+    MAX_ALIAS_EXPANSION,
+    MAX_FILE_CHARS,
+    MAX_VALUES,
+    load_definitions,
+    parse_document,
+    read_document,
+)
 
 GAUGE_ONLY = "metrics: [{v: {usage: GAUGE}}]"
 
@@ -593,3 +601,99 @@ def test_a_metric_typed_twice_by_different_collectors_is_warned(tmp_path: Path) 
     conflicts = [w for w in warnings if "app_x_total" in w]
     assert len(conflicts) == 1, warnings
     assert "second: app_x_total is a gauge here but a counter in first" in conflicts[0]
+
+
+# --- bounded messages, aliases and file sizes ------------------------------------------
+
+
+def test_a_long_value_in_a_problem_is_quoted_as_an_excerpt() -> None:
+    """A value of 100 000 characters is quoted by its start and its length, at its location."""
+    problems = problems_of(branch(f"name: '{'x' * 100_000}-'"))
+    message = problems["c.yml:b.name"]
+    assert "… (100001 characters)" in message
+    assert len(message) < 300
+
+
+def test_a_list_in_a_problem_is_quoted_as_an_excerpt() -> None:
+    """A bucket list of 10 000 bounds is quoted by its first items and its length."""
+    bounds = ", ".join(["x"] * 10_000)
+    problems = column_problems(f"h: {{usage: HISTOGRAM, bucket: [{bounds}]}}")
+    message = problems["c.yml:b.metrics[0].bucket"]
+    assert "(10000 items)" in message
+    assert len(message) < 300
+
+
+def test_a_long_branch_key_keeps_the_location_format() -> None:
+    """A 10 000-character key is shortened in the middle: file and field stay readable."""
+    problems = problems_of(f"? {'k' * 10_000}\n:\n  metrics: []\n")
+    assert sorted(location.rsplit(".", 1)[1] for location in problems) == ["metrics", "query"]
+    assert all(location.startswith("c.yml:kkk") and len(location) < 200 for location in problems)
+
+
+def test_a_long_duplicate_key_is_warned_as_an_excerpt() -> None:
+    """The duplicate-key warning quotes an excerpt of the key, not the whole of it."""
+    key = "d" * 10_000
+    parsed = read_document(branch(f"? {key}\n: 1\n? {key}\n: 2"), "c.yml", 0)
+    (duplicate,) = [w for w in parsed.warnings if "appears twice" in w]
+    assert "(10000 characters)" in duplicate
+    assert len(duplicate) < 300
+
+
+def test_anchors_and_merge_keys_still_work() -> None:
+    """Ordinary anchors, aliases and ``<<:`` merges load as before."""
+    text = """\
+    base: &common {query: SELECT 1 AS v, ttl: 10, metrics: [{v: {usage: GAUGE}}]}
+    other:
+      <<: *common
+      ttl: 20
+    """
+    assert [(c.key, c.ttl) for c in parse(text)] == [("base", 10.0), ("other", 20.0)]
+
+
+def test_an_alias_inside_its_own_anchor_is_refused() -> None:
+    """A value that would contain itself is refused at the alias's line."""
+    message = "an alias inside its own anchor: a value cannot contain itself"
+    assert problems_of("b: &a\n  query: SELECT 1\n  again: *a\n") == {"c.yml:line 3": message}
+
+
+def alias_bomb(levels: int) -> str:
+    """A "billion laughs" document: each level repeats the one before nine times."""
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"l{n}: &l{n} [{','.join([f'*l{n - 1}'] * 9)}]" for n in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_at_the_line_that_overflows() -> None:
+    """Aliases may add at most MAX_ALIAS_EXPANSION characters: line 6 would add 2.8 M."""
+    problems = problems_of(alias_bomb(8))
+    assert list(problems) == ["c.yml:line 6"]
+    assert (
+        f"more than {MAX_ALIAS_EXPANSION} characters (an alias bomb?)" in problems["c.yml:line 6"]
+    )
+
+
+def test_a_file_of_too_many_values_is_refused() -> None:
+    """Past MAX_VALUES values, reading stops with a problem at the line reached."""
+    text = branch(metrics="metrics: [" + "1," * MAX_VALUES + "1]")
+    problems = problems_of(text)
+    assert problems == {
+        "c.yml:line 3": f"more than {MAX_VALUES} values in one file; split it into several"
+    }
+
+
+def test_a_huge_file_is_refused_without_being_read_whole(tmp_path: Path) -> None:
+    """A 64 MiB file (sparse, all NUL) is refused after reading at most MAX_FILE_CHARS."""
+    path = tmp_path / "huge.yml"
+    with path.open("wb") as file:
+        file.truncate(64 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as caught:
+            load_definitions(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    (problem,) = caught.value.problems
+    assert problem.location == str(path)
+    assert problem.message.startswith("more than 4 MiB of text")
+    assert peak < 4 * MAX_FILE_CHARS, f"{peak} bytes at the peak"
