@@ -171,7 +171,7 @@ def _telemetry_path(src: _Source) -> str:
     found = src.lookup("web.telemetry-path")
     if found is None or not found[0]:
         return defaults.DEFAULT_TELEMETRY_PATH
-    from exporter.web import telemetry_path_problems  # the route table lives with the app
+    from exporter.routes import telemetry_path_problems  # checked against the route table
 
     problems = telemetry_path_problems(found[0])
     if problems:

@@ -227,27 +227,19 @@ async def _abandon(task: asyncio.Task[Status]) -> None:
         log.warning("health probe did not stop within %gs; leaving it behind", ABANDON_LIMIT)
 
 
-async def _health(request: web.Request, key: web.AppKey[HealthProbe], want: Want) -> web.Response:
-    status = request.app[key].current().status
-    return web.Response(status=answer(want, status), text=status.value, headers=_HEADERS)
-
-
-def add_health_routes(app: web.Application, probe_key: web.AppKey[HealthProbe]) -> None:
-    """Every health path answers every method (add them before any catch-all route).
-
-    Load balancers check with OPTIONS, HEAD, GET or POST; HAProxy's ``option httpchk``
-    sends OPTIONS by default. A method we did not route would reach the landing page
-    and its 200, and a replica would pass a check for the primary.
-    """
-    for path, want in ROUTES.items():
-
-        async def handler(request: web.Request, want: Want = want) -> web.Response:
-            return await _health(request, probe_key, want)
-
-        app.router.add_route("*", path, handler)
-
-
 HEALTH_PROBE = web.AppKey("health_probe", HealthProbe)
+
+
+def health_handler(
+    want: Want, key: web.AppKey[HealthProbe] = HEALTH_PROBE
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of a routing endpoint: it reads the probe's snapshot, never the database."""
+
+    async def handler(request: web.Request) -> web.Response:
+        status = request.app[key].current().status
+        return web.Response(status=answer(want, status), text=status.value, headers=_HEADERS)
+
+    return handler
 
 
 def health_context(

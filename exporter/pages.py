@@ -1,4 +1,4 @@
-"""Pages for operators: landing, version, /explain, /stat and /reload.
+"""Pages for operators: /version, /explain, /stat and /reload.
 
 ``/explain`` and ``/stat`` are plain text, or a readable HTML page when a browser
 asks for one. Reload validates the whole new config before anything changes.
@@ -11,7 +11,6 @@ import logging
 
 from aiohttp import web
 
-from exporter import __version__
 from exporter.budget import Budget, budget_seconds
 from exporter.flags import version_text
 from exporter.reloading import RELOADER
@@ -47,22 +46,6 @@ def _text_or_html(request: web.Request, title: str, text: str) -> web.Response:
         "<style>body{font-family:sans-serif;margin:2em}pre{font-size:13px}</style></head>"
         f'<body><p><a href="/">pg_exporter</a> / {title}</p><pre>{html.escape(text)}</pre>'
         "</body></html>"
-    )
-    return web.Response(text=page, content_type="text/html")
-
-
-LINKS = ("/explain", "/stat", "/version", "/up", "/primary", "/replica", "/reload")
-
-
-async def landing_handler(request: web.Request) -> web.Response:
-    """A small page linking everything the exporter serves (unknown paths show it too)."""
-    path = request.app[STATE].settings.telemetry_path
-    items = "".join(
-        f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in (path, *LINKS)
-    )
-    page = (
-        "<!doctype html><html><head><title>pg_exporter</title></head><body>"
-        f"<h1>pg_exporter {html.escape(__version__)}</h1><ul>{items}</ul></body></html>"
     )
     return web.Response(text=page, content_type="text/html")
 

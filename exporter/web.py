@@ -28,15 +28,9 @@ from exporter.exposition import (
     negotiate,
     runtime_families,
 )
-from exporter.health import HEALTH_PATHS, HEALTH_PROBE, add_health_routes, health_context
-from exporter.pages import (
-    explain_handler,
-    landing_handler,
-    reload_handler,
-    stat_handler,
-    version_handler,
-)
+from exporter.health import health_context
 from exporter.reloading import RELOADER, Outcome, Reloader
+from exporter.routes import add_routes
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 from exporter.state import STATE, State
@@ -45,7 +39,6 @@ from exporter.webconfig import WebConfig, ssl_context
 
 log = logging.getLogger(__name__)
 
-FIXED_ROUTES = ("/", "/version", "/explain", "/stat", "/reload", *HEALTH_PATHS)
 SHUTDOWN_TIMEOUT = 10.0  # seconds for responses in flight to finish on SIGTERM
 GZIP_LEVEL = 1  # metric text compresses well even at the cheapest level; CPU matters more
 # However little of its budget a scrape has left, its answer may take this long to send.
@@ -71,12 +64,7 @@ def create_app(
     app.cleanup_ctx.append(_close_exporter)
     app.cleanup_ctx.append(health_context(settings))
     app.router.add_get(settings.telemetry_path, metrics_handler)
-    app.router.add_get("/version", version_handler)
-    app.router.add_get("/explain", explain_handler)
-    app.router.add_get("/stat", stat_handler)
-    app.router.add_route("*", "/reload", reload_handler)
-    add_health_routes(app, HEALTH_PROBE)  # before the catch-all below
-    app.router.add_route("*", "/{tail:.*}", landing_handler)
+    add_routes(app)
     install(app, web_config or WebConfig())
     return app
 
@@ -180,20 +168,6 @@ def make_runner(app: web.Application) -> web.AppRunner:
         handler_cancellation=True,
         shutdown_timeout=SHUTDOWN_TIMEOUT,
     )
-
-
-def telemetry_path_problems(path: str) -> list[str]:
-    """Why ``path`` cannot serve the exposition unambiguously (empty when it can)."""
-    problems = []
-    if not path.startswith("/") or path == "/":
-        problems.append("must be an absolute path other than /")
-    if any(ch in path for ch in "?#{}") or any(ch.isspace() for ch in path):
-        problems.append("must not contain '?', '#', braces or spaces")
-    if "//" in path or "/./" in path or "/../" in path or path.endswith(("/.", "/..")):
-        problems.append("must be canonical (no //, /./ or /../)")
-    if path in FIXED_ROUTES:
-        problems.append(f"clashes with the fixed route {path}")
-    return problems
 
 
 def run(settings: Settings, definitions: Definitions, web_config: WebConfig | None = None) -> int:

@@ -19,22 +19,29 @@ from exporter.health import (
     HEALTH_PROBE,
     PRIMARY_PATHS,
     REPLICA_PATHS,
+    ROUTES,
     UP_PATHS,
     Conn,
     HealthProbe,
     HealthSnapshot,
     Status,
     Want,
-    add_health_routes,
     answer,
     classify,
     health_context,
+    health_handler,
 )
 from exporter.settings import Settings
 from tests.clock import FakeClock
 
 Client = TestClient[web.Request, web.Application]
 URL = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
+
+
+def _add_health_routes(app: web.Application) -> None:
+    """Serve only the health and routing paths, every method, as the exporter does."""
+    for path, want in ROUTES.items():
+        app.router.add_route("*", path, health_handler(want))
 
 
 @pytest.mark.parametrize(
@@ -114,7 +121,7 @@ _METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "DELETE", "PATCH")
 async def _routes_client(aiohttp_client: AiohttpClient, probe: HealthProbe) -> Client:
     app = web.Application()
     app[HEALTH_PROBE] = probe
-    add_health_routes(app, HEALTH_PROBE)
+    _add_health_routes(app)
     client: Client = await aiohttp_client(app)
     return client
 
@@ -308,7 +315,7 @@ async def test_probes_never_overlap_and_keep_the_interval(
 async def test_context_runs_the_probe_for_the_app_lifetime(aiohttp_client: AiohttpClient) -> None:
     """The cleanup context publishes probe results while serving and stops the probe after."""
     app = web.Application()
-    add_health_routes(app, HEALTH_PROBE)
+    _add_health_routes(app)
     app.cleanup_ctx.append(health_context(Settings(url=URL, connect_timeout=0.5), interval=0.05))
     client: Client = await aiohttp_client(app)
     probe = app[HEALTH_PROBE]

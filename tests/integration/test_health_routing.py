@@ -23,11 +23,12 @@ from exporter.health import (
     HEALTH_PROBE,
     PRIMARY_PATHS,
     REPLICA_PATHS,
+    ROUTES,
     UP_PATHS,
     HealthProbe,
     Status,
-    add_health_routes,
     health_context,
+    health_handler,
 )
 from exporter.settings import Settings
 from rigs.localbouncer import LocalPgBouncer
@@ -37,12 +38,18 @@ Client = TestClient[web.Request, web.Application]
 INTERVAL = 0.2  # probe period in these tests: outcomes show up quickly
 
 
+def _add_health_routes(app: web.Application) -> None:
+    """Serve only the health and routing paths, every method, as the exporter does."""
+    for path, want in ROUTES.items():
+        app.router.add_route("*", path, health_handler(want))
+
+
 async def _client(
     aiohttp_client: AiohttpClient, url: str, connect_timeout: float = 2.0
 ) -> tuple[Client, HealthProbe]:
     """A minimal app serving only the health routes, probing ``url``."""
     app = web.Application()
-    add_health_routes(app, HEALTH_PROBE)
+    _add_health_routes(app)
     settings = Settings(url=url, connect_timeout=connect_timeout)
     app.cleanup_ctx.append(health_context(settings, interval=INTERVAL))
     client: Client = await aiohttp_client(app)
