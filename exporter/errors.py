@@ -61,8 +61,14 @@ class UsageError(ExporterError):
     """Bad command line, environment or settings value (exit code 1)."""
 
 
+#: A config error message lists this many problems, then counts the rest: a dense file
+#: can hold 100 000 mistakes, and the message goes to the log and to /reload's answer.
+MAX_LISTED_PROBLEMS = 1000
+
+
 class ConfigError(ExporterError):
-    """Collector definitions are invalid (exit code 2); lists every problem."""
+    """Collector definitions are invalid (exit code 2); lists the problems (the first
+    :data:`MAX_LISTED_PROBLEMS`, then how many more)."""
 
     def __init__(self, problems: list[Problem] | tuple[Problem, ...], summary: str = "") -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
@@ -70,7 +76,11 @@ class ConfigError(ExporterError):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return "\n".join([self.summary, *(f"  {p}" for p in self.problems)])
+        listed = [f"  {p}" for p in self.problems[:MAX_LISTED_PROBLEMS]]
+        more = len(self.problems) - len(listed)
+        if more > 0:
+            listed.append(f"  … and {more} more problem(s) not listed")
+        return "\n".join([self.summary, *listed])
 
 
 class CollectorError(ExporterError):

@@ -149,16 +149,9 @@ def load_definitions(path: str) -> Definitions:
     return Definitions(ordered, (path,), warnings=parsed.warnings + _kind_conflicts(ordered))
 
 
-def parse_document(
-    text: str, source: str, file_index: int
-) -> tuple[list[Collector], list[Problem]]:
-    """Validate one collector file's text; branches are returned only when it has no problem."""
-    parsed = read_document(text, source, file_index)
-    return list(parsed.collectors), list(parsed.problems)
-
-
 def read_document(text: str, source: str, file_index: int) -> ParsedDocument:
-    """Like :func:`parse_document`, keeping the warnings (unknown fields, duplicates)."""
+    """Validate one collector file's text: branches (only when it has no problem),
+    problems and warnings (unknown fields, duplicates)."""
     notes = Notes(source)
     data = _parse_yaml(text, notes)
     if data is None:

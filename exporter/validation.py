@@ -103,7 +103,14 @@ def read_branch(notes: Notes, key: object, body: object, file_index: int) -> Col
         predicates=predicates,
         tags=tags,
         source=notes.source,
-        **scheduling,
+        ttl=scheduling.ttl,
+        timeout=scheduling.timeout,
+        priority=scheduling.priority,
+        min_version=scheduling.min_version,
+        max_version=scheduling.max_version,
+        fatal=scheduling.fatal,
+        skip=scheduling.skip,
+        max_series=scheduling.max_series,
     )
 
 
@@ -164,24 +171,37 @@ def _read_predicates(notes: Notes, key: str, raw: object) -> tuple[Predicate, ..
     return tuple(predicates)
 
 
-def _read_scheduling(notes: Notes, key: str, body: dict[Any, Any], index: int) -> dict[str, Any]:
-    """ttl, timeout, priority, version range, flags and max_series as Collector fields."""
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """When and how a branch runs: the scheduling fields of a :class:`Collector`."""
+
+    ttl: float
+    timeout: float | None
+    priority: int
+    min_version: int
+    max_version: int
+    fatal: bool
+    skip: bool
+    max_series: int | None
+
+
+def _read_scheduling(notes: Notes, key: str, body: dict[Any, Any], index: int) -> Scheduling:
+    """ttl, timeout, priority, version range, flags and max_series of one branch."""
     priority = _read_int(notes, f"{key}.priority", body.get("priority"), None)
     min_version = _read_int(notes, f"{key}.min_version", body.get("min_version"), 0, VERSION)
     max_version = _read_int(notes, f"{key}.max_version", body.get("max_version"), 0, VERSION)
     if min_version and max_version and min_version >= max_version:
         notes.warn(key, f"min_version {min_version} >= max_version {max_version}: never planned")
-    max_series = _read_int(notes, f"{key}.max_series", body.get("max_series"), 1)
-    return {
-        "ttl": _read_seconds(notes, f"{key}.ttl", body.get("ttl")),
-        "timeout": _read_timeout(notes, f"{key}.timeout", body.get("timeout")),
-        "priority": priority or PRIORITY_BASE + index,
-        "min_version": min_version or 0,
-        "max_version": max_version or 0,
-        "fatal": _read_bool(notes, f"{key}.fatal", body.get("fatal")),
-        "skip": _read_bool(notes, f"{key}.skip", body.get("skip")),
-        "max_series": max_series,
-    }
+    return Scheduling(
+        ttl=_read_seconds(notes, f"{key}.ttl", body.get("ttl")),
+        timeout=_read_timeout(notes, f"{key}.timeout", body.get("timeout")),
+        priority=priority or PRIORITY_BASE + index,
+        min_version=min_version or 0,
+        max_version=max_version or 0,
+        fatal=_read_bool(notes, f"{key}.fatal", body.get("fatal")),
+        skip=_read_bool(notes, f"{key}.skip", body.get("skip")),
+        max_series=_read_int(notes, f"{key}.max_series", body.get("max_series"), 1),
+    )
 
 
 def _read_seconds(notes: Notes, where: str, value: object) -> float:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from exporter.errors import EXCERPT_CHARS, excerpt, shorten
+from exporter.errors import (
+    EXCERPT_CHARS,
+    MAX_LISTED_PROBLEMS,
+    ConfigError,
+    Problem,
+    excerpt,
+    shorten,
+)
 
 
 def test_short_values_are_quoted_whole() -> None:
@@ -43,3 +50,15 @@ def test_shorten_keeps_both_ends_of_a_long_name() -> None:
     assert short.startswith("kkk")
     assert short.endswith(".metrics[2].usage")
     assert shorten("b.metrics[2].usage") == "b.metrics[2].usage"
+
+
+def test_config_error_lists_a_bounded_number_of_problems() -> None:
+    """A file with 100 000 mistakes gives a message of the first 1 000 and a count of the
+    rest, not megabytes in the log and in /reload's answer."""
+    problems = [Problem(f"c.yml:b{i}.ttl", "ttl must be >= 0") for i in range(100_000)]
+    error = ConfigError(problems)
+    lines = str(error).splitlines()
+    assert lines[0] == "100000 problem(s) in collector definitions"
+    assert len(lines) == 1 + MAX_LISTED_PROBLEMS + 1
+    assert lines[-1] == f"  … and {100_000 - MAX_LISTED_PROBLEMS} more problem(s) not listed"
+    assert error.problems == tuple(problems)  # every problem is still there to inspect
