@@ -29,6 +29,16 @@ SHUTDOWN_GRACE = 10.0
 _REASONS = {"budget": "the request's budget ran out", "client": "the client went away"}
 
 
+async def _acquire_within(lock: asyncio.Lock, seconds: float) -> bool:
+    """Take ``lock`` if it comes free within ``seconds``; False when the time ran out."""
+    try:
+        async with asyncio.timeout(seconds):
+            await lock.acquire()
+    except TimeoutError:
+        return False
+    return True
+
+
 def _report_orphan_failure(task: asyncio.Task[Snapshot]) -> None:
     """Log a pass that failed after its request had gone, so the error is not lost."""
     if not task.cancelled() and (exc := task.exception()) is not None:
@@ -106,13 +116,10 @@ class Exporter:
         """
         shared = self.lock.locked()
         waited_from = self.clock()
-        try:
-            async with asyncio.timeout(budget.remaining()):  # B5, B8
-                await self.lock.acquire()
-        except TimeoutError:
-            waited = self.clock() - waited_from
-            return Snapshot([], interrupted="budget", shared=shared, waited=waited)
+        acquired = await _acquire_within(self.lock, budget.remaining())  # B5, B8
         waited = self.clock() - waited_from
+        if not acquired:
+            return Snapshot([], interrupted="budget", shared=shared, waited=waited)
         # No await between acquiring and handing over: the task owns the lock from here.
         task = asyncio.create_task(self._locked_pass(budget))
         self._passes.add(task)
@@ -216,10 +223,7 @@ class Exporter:
         if self._closing:
             return
         self._closing = True
-        try:
-            async with asyncio.timeout(grace):
-                await self.lock.acquire()
-        except TimeoutError:
+        if not await _acquire_within(self.lock, grace):
             log.warning("a collection pass outlived the shutdown grace; cancelling it")
             for task in self._passes:
                 task.cancel()
@@ -234,10 +238,7 @@ class Exporter:
         Like a scrape, it waits for a pass in flight only as long as its budget lasts
         and preflights each database at most once, cancelled when the budget ends.
         """
-        try:
-            async with asyncio.timeout(budget.remaining()):
-                await self.lock.acquire()
-        except TimeoutError:
+        if not await _acquire_within(self.lock, budget.remaining()):
             return "a collection pass is still running; try again\n"
         try:
             self._apply_pending()
