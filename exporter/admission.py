@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from exporter.budget import Interruption
+
 DEFAULT_LIMIT = 2
 
 
@@ -16,12 +18,13 @@ class Admission:
         self.active = 0
         self.admitted = 0
         self.rejected = 0
-        self.interrupted = {"budget": 0, "client": 0}
+        # write_timeout appears once it happens; the other two are always exported.
+        self.interrupted = {Interruption.BUDGET: 0, Interruption.CLIENT: 0}
         self.wait_seconds = 0.0  # total time admitted requests waited for the pass
         self.last_shared = False  # whether the last pass waited behind another request's
 
-    def note_interrupted(self, reason: str) -> None:
-        """Count a request that ended before its answer (budget spent or client gone)."""
+    def note_interrupted(self, reason: Interruption) -> None:
+        """Count a request that ended before its answer."""
         self.interrupted[reason] = self.interrupted.get(reason, 0) + 1
 
     def note_wait(self, seconds: float, *, shared: bool) -> None:

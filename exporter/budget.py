@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,26 @@ T = TypeVar("T")
 #: The HTTP write limit: no scrape may take longer than this, header or not.
 DEFAULT_BUDGET = 30.0
 SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+
+
+class Interruption(enum.StrEnum):
+    """Why a request ended before its answer; each value is a ``reason`` label value."""
+
+    BUDGET = "budget"
+    CLIENT = "client"
+    WRITE_TIMEOUT = "write_timeout"
+
+    @property
+    def description(self) -> str:
+        """The reason in words, for the log."""
+        return _DESCRIPTIONS[self]
+
+
+_DESCRIPTIONS = {
+    Interruption.BUDGET: "the request's budget ran out",
+    Interruption.CLIENT: "the client went away",
+    Interruption.WRITE_TIMEOUT: "the client did not read its answer in time",
+}
 
 
 def budget_seconds(header: str | None, default: float = DEFAULT_BUDGET) -> float:
@@ -63,20 +84,21 @@ class Budget:
         """Seconds left (never negative)."""
         return max(0.0, self.deadline - self.clock())
 
-    def interruption(self) -> str | None:
-        """Why the request should stop now: ``"budget"``, ``"client"``, or None (B10)."""
+    def interruption(self) -> Interruption | None:
+        """Why the request should stop now (its client left, or its budget ran out), or
+        None (B10)."""
         if self.ended.is_set() or self.client_gone():
-            return "client"
+            return Interruption.CLIENT
         if self.clock() >= self.deadline:
-            return "budget"
+            return Interruption.BUDGET
         return None
 
 
 class RequestEnded(Exception):
     """The request ended (budget spent or client gone) before cancellable work finished."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"request ended ({reason})")
+    def __init__(self, reason: Interruption) -> None:
+        super().__init__(f"request ended ({reason.value})")
         self.reason = reason
 
 
@@ -98,5 +120,5 @@ async def until_request_ends(work: Awaitable[T], budget: Budget) -> T:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
-        raise RequestEnded(budget.interruption() or "budget")
+        raise RequestEnded(budget.interruption() or Interruption.BUDGET)
     return task.result()

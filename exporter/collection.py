@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exporter.budget import Budget
+from exporter.budget import Budget, Interruption
 from exporter.definitions import Definitions
 from exporter.exposition import Family
 from exporter.planning import explain_text
@@ -25,8 +25,6 @@ log = logging.getLogger(__name__)
 
 #: How long shutdown waits for a pass in flight before cancelling it (seconds).
 SHUTDOWN_GRACE = 10.0
-
-_REASONS = {"budget": "the request's budget ran out", "client": "the client went away"}
 
 
 async def _acquire_within(lock: asyncio.Lock, seconds: float) -> bool:
@@ -61,7 +59,7 @@ class Snapshot:
     """The families of one pass, ready to encode outside the lock."""
 
     families: list[Family]
-    interrupted: str | None = None  # "budget" or "client"
+    interrupted: Interruption | None = None
     shared: bool = False  # True when the request waited for another's pass
     waited: float = 0.0  # seconds spent waiting for the collection lock
 
@@ -119,7 +117,7 @@ class Exporter:
         acquired = await _acquire_within(self.lock, budget.remaining())  # B5, B8
         waited = self.clock() - waited_from
         if not acquired:
-            return Snapshot([], interrupted="budget", shared=shared, waited=waited)
+            return Snapshot([], interrupted=Interruption.BUDGET, shared=shared, waited=waited)
         # No await between acquiring and handing over: the task owns the lock from here.
         task = asyncio.create_task(self._locked_pass(budget))
         self._passes.add(task)
@@ -177,15 +175,15 @@ class Exporter:
         snapshot.interrupted = snapshot.interrupted or result.interrupted
         return bool(result.error)
 
-    def _account(self, start: float, *, failed: bool, interrupted: str | None) -> None:
+    def _account(self, start: float, *, failed: bool, interrupted: Interruption | None) -> None:
         self.stats.scrapes += 1
         self.stats.last_scrape_time = time.time()  # wall clock: a timestamp for people
         self.stats.last_duration = self.clock() - start
         if interrupted is not None:  # B18: once, at INFO, and not an error
             log.info(
                 "collection round interrupted: %s",
-                _REASONS[interrupted],
-                extra={"reason": interrupted},
+                interrupted.description,
+                extra={"reason": interrupted.value},
             )
         elif failed:
             self.stats.errors += 1

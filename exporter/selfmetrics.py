@@ -51,7 +51,8 @@ class SelfMetrics:
     def requests(self, admission: Admission) -> list[Family]:
         """Admission and waiting on the telemetry path (ours, beyond the Go exporter's)."""
         interrupted: Samples = [
-            ((("reason", reason),), float(count)) for reason, count in admission.interrupted.items()
+            ((("reason", reason.value),), float(count))
+            for reason, count in admission.interrupted.items()
         ]
         return [
             self._single("exporter_requests_admitted_total", "counter",

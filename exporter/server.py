@@ -20,7 +20,7 @@ import psycopg
 from psycopg import errors as pgerrors
 
 from exporter import postgres
-from exporter.budget import Budget, RequestEnded, until_request_ends
+from exporter.budget import Budget, Interruption, RequestEnded, until_request_ends
 from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
 from exporter.definitions import Collector, Definitions, Predicate
 from exporter.errors import CollectorError, TooManySeriesError
@@ -64,7 +64,7 @@ class ServerResult:
 
     families: list[Family] = field(default_factory=list)
     error: str = ""  # connection/preflight or fatal collector failure
-    interrupted: str | None = None  # "budget" or "client" when the request stopped the walk
+    interrupted: Interruption | None = None  # when the request stopped the walk
 
 
 class Server:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from exporter import systemd
 from exporter.admission import Admission
-from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, budget_seconds
+from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, Interruption, budget_seconds
 from exporter.collection import Exporter
 from exporter.definitions import Definitions
 from exporter.exposition import (
@@ -87,7 +87,7 @@ async def metrics_handler(request: web.Request) -> web.StreamResponse:
         try:
             snapshot = await state.exporter.collect(budget)
         except asyncio.CancelledError:  # the client hung up (handler cancellation)
-            state.admission.note_interrupted("client")
+            state.admission.note_interrupted(Interruption.CLIENT)
             raise
         state.admission.note_wait(snapshot.waited, shared=snapshot.shared)
         if snapshot.interrupted is not None:
@@ -140,9 +140,9 @@ async def _write(
             await response.write(body)
             await response.write_eof()
     except ConnectionError:  # the client left as the answer started: not a server error
-        admission.note_interrupted("client")
+        admission.note_interrupted(Interruption.CLIENT)
     except TimeoutError:
-        admission.note_interrupted("write_timeout")
+        admission.note_interrupted(Interruption.WRITE_TIMEOUT)
         log.warning(
             "a client did not read its answer within %.1fs; disconnected it",
             deadline,

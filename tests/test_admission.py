@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from exporter.admission import Admission
+from exporter.budget import Interruption
+from exporter.exposition import Format, encode
+from exporter.selfmetrics import SelfMetrics
 
 
 def test_third_request_is_rejected() -> None:
@@ -25,3 +28,19 @@ def test_slot_released_on_exception() -> None:
     assert admission.active == 0
     with admission.slot() as admitted:
         assert admitted
+
+
+def test_interruptions_are_exported_by_their_label_value() -> None:
+    """Interruptions are counted by reason, exported as the reason label's plain strings;
+    budget and client are always there, write_timeout once it happened."""
+    admission = Admission()
+    admission.note_interrupted(Interruption.CLIENT)
+    admission.note_interrupted(Interruption.WRITE_TIMEOUT)
+    admission.note_interrupted(Interruption.WRITE_TIMEOUT)
+    body = encode(SelfMetrics("pg", ()).requests(admission), Format.TEXT).decode()
+    lines = [line for line in body.splitlines() if line.startswith("pg_exporter_requests_int")]
+    assert lines == [
+        'pg_exporter_requests_interrupted_total{reason="budget"} 0.0',
+        'pg_exporter_requests_interrupted_total{reason="client"} 1.0',
+        'pg_exporter_requests_interrupted_total{reason="write_timeout"} 2.0',
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.budget import DEFAULT_BUDGET, Budget, budget_seconds
+from exporter.budget import DEFAULT_BUDGET, Budget, Interruption, budget_seconds
 from tests.clock import FakeClock
 
 
@@ -48,3 +48,12 @@ def test_interruption_reports_budget_then_client() -> None:
     assert budget.remaining() == 0.0
     gone = True
     assert budget.interruption() == "client"
+
+
+def test_interruption_reasons_are_an_enum_of_label_values() -> None:
+    """Interruption reasons are enum members whose values are the metric's label values."""
+    clock = FakeClock()
+    budget = Budget.starting_now(1.0, clock=clock)
+    clock.advance(1.0)
+    assert budget.interruption() is Interruption.BUDGET
+    assert [r.value for r in Interruption] == ["budget", "client", "write_timeout"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from exporter.budget import Interruption
 from exporter.definitions import Definitions
 from exporter.health import HEALTH_PATHS
 from exporter.settings import Settings
@@ -342,4 +343,4 @@ async def test_hang_up_as_the_answer_starts_is_not_an_error(
         await poll(lambda: state.admission.active == 0, "the slot to be released")
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert errors == [], [r.getMessage() for r in errors]
-        assert state.admission.interrupted["client"] == 1
+        assert state.admission.interrupted[Interruption.CLIENT] == 1
