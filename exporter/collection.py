@@ -230,8 +230,29 @@ class Exporter:
         for server in self.servers:
             await server.disconnect()
 
+    def last_plans(self) -> str:
+        """Every database's plan as the last pass (or start-up) made it, for ``/explain``.
+
+        It takes no lock and sends no SQL, so no number of ``/explain`` requests can
+        delay a scrape or be counted as a pass it shared; every pass plans afresh when a
+        server's facts change, so the plans are as recent as the last scrape.
+        """
+        if self.main.plan is None:
+            return "nothing planned yet: the first scrape that reaches the target plans it\n"
+        parts = []
+        if self.pending is not None:
+            parts.append("a reloaded config applies from the next pass; below, the running one\n")
+        if not self.main.up and self.stats.scrapes:
+            parts.append("pg_up was 0 at the last pass; these plans are from before\n")
+        for server in self.servers:
+            if server.plan is None:
+                parts.append(f"database {server.label}: not planned yet (the next pass plans it)\n")
+            else:
+                parts.append(explain_text(server.plan))
+        return "\n".join(parts)
+
     async def explain(self, budget: Budget) -> str:
-        """The plan of every database, refreshing facts first, within ``budget``.
+        """The plan of every database, refreshing facts first, within ``budget`` (``--explain``).
 
         Like a scrape, it waits for a pass in flight only as long as its budget lasts
         and preflights each database at most once, cancelled when the budget ends.

@@ -11,7 +11,6 @@ import logging
 
 from aiohttp import web
 
-from exporter.budget import Budget, budget_seconds
 from exporter.flags import version_text
 from exporter.reloading import RELOADER
 from exporter.stat import stat_text
@@ -26,10 +25,9 @@ async def version_handler(request: web.Request) -> web.Response:
 
 
 async def explain_handler(request: web.Request) -> web.Response:
-    """Planned collectors with their SQL, and why the others were not planned."""
-    state = request.app[STATE]
-    text = await state.exporter.explain(Budget.starting_now(budget_seconds(None)))
-    return _text_or_html(request, "explain", text or "nothing planned yet\n")
+    """Planned collectors with their SQL, and why the others were not planned, as the
+    last pass planned them: it never waits for the collection lock nor sends SQL."""
+    return _text_or_html(request, "explain", request.app[STATE].exporter.last_plans())
 
 
 async def stat_handler(request: web.Request) -> web.Response:

@@ -98,6 +98,28 @@ async def test_overlapping_scrapes_share_one_execution_and_third_is_refused(
     assert value(b.text, "pg_exporter_requests_rejected_total") == 1
 
 
+async def test_explain_burst_neither_delays_nor_shares_a_scrape(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """Twenty /explain requests at once take no slot and no collection lock: a scrape sent
+    right behind them is admitted, waits for no pass and is not counted as shared (B1, B4)."""
+    m = _marker()
+    served = await start(pg18, _sleeper("quick", m, 0, timeout=5, ttl=0))
+    admission = served.app[STATE].admission
+    assert (await get(served.port)).status == 200  # the first pass plans
+    waited_before = admission.wait_seconds
+    explains = [await RawClient.send(served.port, "/explain") for _ in range(20)]
+    scrape = await (await RawClient.send(served.port)).response()
+    assert scrape.status == 200
+    assert value(scrape.text, "pg_exporter_last_pass_shared") == 0
+    assert value(scrape.text, "pg_exporter_requests_rejected_total") == 0
+    assert admission.wait_seconds - waited_before < 0.05
+    for explain in explains:
+        answer = await explain.response()
+        assert answer.status == 200
+        assert "quick (name quick)" in answer.text
+
+
 async def test_waiter_that_hangs_up_frees_its_slot(pg18: LocalCluster, start: Start) -> None:
     """A request waiting for the pass stops waiting when its client leaves, releasing its
     slot, and runs no SQL (B3, B5)."""

@@ -138,8 +138,9 @@ async def test_version_page_says_what_the_version_flag_says(
 async def test_explain_waits_for_a_pass_only_within_its_budget(
     served_dir: tuple[Served, Path],
 ) -> None:
-    """/explain behind a pass that holds the lock answers when its budget ends, and then
-    plans again once the lock is free: like a scrape, it waits within its budget (B5)."""
+    """--explain's planning behind a pass that holds the lock answers when its budget
+    ends, and then plans again once the lock is free: like a scrape, it waits within its
+    budget (B5)."""
     served, _ = served_dir
     exporter = served.app[STATE].exporter
     await exporter.lock.acquire()  # a pass that outlives the budget
