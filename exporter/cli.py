@@ -8,7 +8,6 @@ described by one table that also renders ``--help``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -171,7 +170,7 @@ def _telemetry_path(src: _Source) -> str:
     found = src.lookup("web.telemetry-path")
     if found is None or not found[0]:
         return defaults.DEFAULT_TELEMETRY_PATH
-    from exporter.routes import telemetry_path_problems  # checked against the route table
+    from exporter.web.routes import telemetry_path_problems  # checked against the route table
 
     problems = telemetry_path_problems(found[0])
     if problems:
@@ -317,11 +316,11 @@ def _run(settings: Settings) -> int:
         print(render_definitions(definitions), end="")
         return 0
     if settings.explain:
-        from exporter.collection import explain_main
+        from exporter import explain
 
-        return asyncio.run(explain_main(settings, definitions))
-    from exporter import web
-    from exporter.webconfig import WebConfig, load_web_config
+        return explain.run(settings, definitions)
+    from exporter import serve
+    from exporter.web.config import WebConfig, load_web_config
 
     path = settings.web_config_file
-    return web.run(settings, definitions, load_web_config(path) if path else WebConfig())
+    return serve.run(settings, definitions, load_web_config(path) if path else WebConfig())

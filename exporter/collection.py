@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -281,19 +280,3 @@ class Exporter:
             return "\n".join(parts)
         finally:
             self.lock.release()
-
-
-async def explain_main(settings: Settings, definitions: Definitions) -> int:
-    """``--explain``: connect, plan every database, print the plan, and exit."""
-    exporter = Exporter(settings, definitions)
-    try:
-        await exporter.main.prepare()
-    except Exception as exc:
-        print(f"pg_exporter: cannot connect to {settings.masked_url}: {exc}", file=sys.stderr)
-        return 1
-    try:
-        text = await exporter.explain(Budget.starting_now(max(settings.connect_timeout * 10, 30)))
-    finally:
-        await exporter.close()
-    print(text, end="")
-    return 0

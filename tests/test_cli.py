@@ -579,10 +579,8 @@ def test_every_mode_refuses_bad_web_settings_alike(
 ) -> None:
     """Serving, --dry-run and --explain refuse a listen address or telemetry path that
     cannot be served the same way: exit 1, one line, before the config is loaded."""
-    from exporter import collection, web
-
-    monkeypatch.setattr(web, "run", lambda *a: pytest.fail("served"))
-    monkeypatch.setattr(collection, "explain_main", lambda *a: pytest.fail("explained"))
+    _fake_module(monkeypatch, "exporter.serve", run=lambda *a: pytest.fail("served"))
+    _fake_module(monkeypatch, "exporter.explain", run=lambda *a: pytest.fail("explained"))
     monkeypatch.setattr("exporter.loading.load_for_settings", lambda *a: pytest.fail("loaded"))
     assert main([*mode, "-c", config, *bad]) == 1
     captured = capsys.readouterr()
@@ -597,7 +595,7 @@ def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attributes: objec
     for key, value in attributes.items():
         setattr(module, key, value)
     monkeypatch.setitem(sys.modules, name, module)
-    # `from exporter import web` reads the package attribute once the real module
+    # `from exporter import serve` reads the package attribute once the real module
     # was imported by another test, so replace that too.
     package, _, attribute = name.rpartition(".")
     monkeypatch.setattr(sys.modules[package], attribute, module, raising=False)
@@ -606,14 +604,14 @@ def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attributes: objec
 def test_main_serves_with_masked_url_logged(
     config: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """By default main hands settings and definitions to web.run and returns its exit code."""
+    """By default main hands settings and definitions to serve.run and returns its exit code."""
     calls: list[tuple[Settings, Definitions]] = []
 
     def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
         calls.append((settings, definitions))
         return 7
 
-    _fake_module(monkeypatch, "exporter.web", run=run)
+    _fake_module(monkeypatch, "exporter.serve", run=run)
     assert main(["-c", config, "-u", "postgres://u:s3?cr#t@h/db", "-T", "5"]) == 7
     ((settings, definitions),) = calls
     assert settings.connect_timeout == 0.005
@@ -625,12 +623,12 @@ def test_main_serves_with_masked_url_logged(
 
 
 def test_main_explain_runs_explain_main(config: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--explain runs collection.explain_main in an event loop and returns its code."""
+    """--explain runs explain.run and returns its code."""
 
-    async def explain_main(settings: Settings, definitions: Definitions) -> int:
+    def run(settings: Settings, definitions: Definitions) -> int:
         return 3 if settings.explain and definitions.collectors else 4
 
-    _fake_module(monkeypatch, "exporter.collection", explain_main=explain_main)
+    _fake_module(monkeypatch, "exporter.explain", run=run)
     assert main(["-c", config, "--explain"]) == 3
 
 
@@ -638,7 +636,7 @@ def test_main_dry_run_prints_collectors(
     config: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--dry-run prints the loaded collectors as YAML, exits 0 and touches no database."""
-    _fake_module(monkeypatch, "exporter.web")  # no run(): serving would fail the test
+    _fake_module(monkeypatch, "exporter.serve")  # no run(): serving would fail the test
     assert main(["--dry-run", "-c", config, "--log.format=json"]) == 0
     out = capsys.readouterr().out
     assert "pg_demo:" in out
@@ -652,7 +650,7 @@ def test_main_const_label_conflict_exits_2(
 ) -> None:
     """A --label clashing with a collector's or self-metric's label exits 2 naming it (§1);
     --dry-run reports the same and exits 1."""
-    _fake_module(monkeypatch, "exporter.web", run=lambda *a: pytest.fail("served"))
+    _fake_module(monkeypatch, "exporter.serve", run=lambda *a: pytest.fail("served"))
     assert main(["-c", config, "--label", label]) == 2
     err = capsys.readouterr().err
     assert label.split("=", maxsplit=1)[0] in err
@@ -671,7 +669,7 @@ def test_main_invalid_config_exits_2(
     """An invalid collector file exits 2 with its problems on stderr (1 with --dry-run)."""
     bad = tmp_path / "bad.yml"
     bad.write_text("pg_bad:\n  metrics: []\n")
-    _fake_module(monkeypatch, "exporter.web", run=lambda *a: pytest.fail("served"))
+    _fake_module(monkeypatch, "exporter.serve", run=lambda *a: pytest.fail("served"))
     assert main(["-c", str(bad)]) == 2
     capsys.readouterr()
     assert main(["--dry-run", "-c", str(bad)]) == 1
@@ -689,7 +687,7 @@ def test_main_config_error_while_serving_exits_2(
     def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
         raise ConfigError([Problem("--label", "clashes with a collector label")])
 
-    _fake_module(monkeypatch, "exporter.web", run=run)
+    _fake_module(monkeypatch, "exporter.serve", run=run)
     assert main(["-c", config]) == 2
 
 
@@ -701,7 +699,7 @@ def test_main_unexpected_error_is_logged_exit_1(
     def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
         raise RuntimeError("wires crossed at postgres://u:pw@h/db")
 
-    _fake_module(monkeypatch, "exporter.web", run=run)
+    _fake_module(monkeypatch, "exporter.serve", run=run)
     assert main(["-c", config]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert "level=error" in lines[-1]
@@ -739,7 +737,7 @@ def test_main_invalid_web_config_exits_1(
 ) -> None:
     """An invalid --web.config.file stops start-up with exit 1 and a one-line reason."""
     # Serving despite the bad file returns 0 here (and fails the test) instead of listening.
-    _fake_module(monkeypatch, "exporter.web", run=lambda *args, **kwargs: 0)
+    _fake_module(monkeypatch, "exporter.serve", run=lambda *args, **kwargs: 0)
     web_config = tmp_path / "web.yml"
     web_config.write_text("basic_auth_users:\n  admin: not-a-bcrypt-hash\n")
     assert main(["-c", config, "--web.config.file", str(web_config)]) == 1

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from exporter.definitions import Definitions
 from exporter.settings import Settings
-from exporter.web import create_app, make_runner
-from exporter.webconfig import WebConfig
+from exporter.web.app import create_app, make_runner
+from exporter.web.config import WebConfig
 
 
 @dataclass

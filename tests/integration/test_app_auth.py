@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.web import create_app
-from exporter.webconfig import WebConfig
+from exporter.web.app import create_app
+from exporter.web.config import WebConfig
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import settings_for, value, write_collectors
 from tests.integration.rawhttp import serving

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from exporter.cache import Outcome
-from exporter.state import STATE
+from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import (
     exporter_backends,

@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.state import STATE
-from exporter.web import create_app
+from exporter.web.app import create_app
+from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import (
     exporter_backends,

@@ -16,7 +16,7 @@ import pytest
 
 from exporter.cache import Outcome
 from exporter.server import Server
-from exporter.state import STATE
+from exporter.web.state import STATE
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from tests.integration.helpers import exporter_backends, value
 from tests.integration.rawhttp import Served, Start, get, poll_async

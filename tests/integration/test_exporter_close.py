@@ -6,7 +6,7 @@ import time
 import uuid
 
 from exporter.cache import Outcome
-from exporter.state import STATE
+from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import exporter_backends
 from tests.integration.rawhttp import RawClient, Start, poll, poll_async

@@ -18,8 +18,8 @@ from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.definitions import Definitions
 from exporter.planning import ServerFacts
-from exporter.state import STATE
-from exporter.web import create_app
+from exporter.web.app import create_app
+from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
 from tests.gocompat import Row, applicable, coverage, gaps, load_rows, offers

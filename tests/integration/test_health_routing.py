@@ -19,7 +19,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.health import (
+from exporter.settings import Settings
+from exporter.web.health import (
     HEALTH_PROBE,
     PRIMARY_PATHS,
     REPLICA_PATHS,
@@ -30,7 +31,6 @@ from exporter.health import (
     health_context,
     health_handler,
 )
-from exporter.settings import Settings
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster, pg18_bindir
 

@@ -18,8 +18,8 @@ from exporter.definitions import Definitions
 from exporter.loading import load_definitions
 from exporter.planning import ServerFacts, make_plan
 from exporter.samples import SampleBuilder
-from exporter.state import STATE
-from exporter.web import create_app
+from exporter.web.app import create_app
+from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import COLLECTORS, samples, settings_for, value, wait_for

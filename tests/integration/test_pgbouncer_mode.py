@@ -11,8 +11,8 @@ from pytest_aiohttp.plugin import AiohttpClient
 from exporter.cache import Outcome
 from exporter.loading import load_definitions
 from exporter.settings import Settings
-from exporter.state import STATE
-from exporter.web import create_app
+from exporter.web.app import create_app
+from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from tests.integration.helpers import COLLECTORS, samples, value
 

@@ -20,7 +20,7 @@ from exporter import __version__
 from exporter.budget import Budget
 from exporter.flags import version_text
 from exporter.loading import load_definitions
-from exporter.state import STATE
+from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import REPO, settings_for, value, wait_for
 from tests.integration.rawhttp import RawClient, Served, get, poll, serving

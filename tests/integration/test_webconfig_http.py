@@ -22,11 +22,11 @@ import pytest
 from aiohttp import web
 
 from exporter.loading import load_for_settings
-from exporter.reloading import RELOADER
 from exporter.settings import Settings
-from exporter.state import STATE
-from exporter.web import create_app, make_runner
-from exporter.webconfig import TlsConfig, WebConfig, load_web_config, ssl_context
+from exporter.web.app import create_app, make_runner
+from exporter.web.config import TlsConfig, WebConfig, load_web_config, ssl_context
+from exporter.web.reloading import RELOADER
+from exporter.web.state import STATE
 from rigs.localpg import free_port
 from tests.integration.helpers import REPO
 from tests.integration.webrig import basic, client_context, get, issue, make_ca, serving

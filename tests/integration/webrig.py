@@ -22,8 +22,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from exporter.webauth import CREDENTIALS, install
-from exporter.webconfig import WebConfig, ssl_context
+from exporter.web.auth import CREDENTIALS, install
+from exporter.web.config import WebConfig, ssl_context
 from tests.integration.rawhttp import poll
 
 EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from exporter.loading import load_definitions
 from exporter.settings import Settings
-from exporter.state import STATE
+from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from tests.integration.rawhttp import poll as wait_async

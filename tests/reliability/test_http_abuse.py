@@ -24,10 +24,10 @@ import pytest
 
 from exporter.budget import Interruption
 from exporter.definitions import Definitions
-from exporter.health import HEALTH_PATHS
 from exporter.settings import Settings
-from exporter.state import STATE
-from exporter.webconfig import WebConfig
+from exporter.web.config import WebConfig
+from exporter.web.health import HEALTH_PATHS
+from exporter.web.state import STATE
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.integration.helpers import REPO, settings_for, write_collectors
 from tests.integration.rawhttp import RawClient, get, poll, serving

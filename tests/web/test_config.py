@@ -11,7 +11,7 @@ import bcrypt
 import pytest
 
 from exporter.errors import UsageError
-from exporter.webconfig import TlsConfig, WebConfig, load_web_config, ssl_context
+from exporter.web.config import TlsConfig, WebConfig, load_web_config, ssl_context
 
 PASSWORD = "s3cret pass"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
@@ -269,7 +269,7 @@ def test_ignored_options_are_warned_about(pem: Path, caplog: pytest.LogCaptureFi
         "rate_limit:\n  interval: 1s\n  burst: 20\n"
         "http_server_config:\n  http2: true\n"
     )
-    with caplog.at_level(logging.WARNING, logger="exporter.webconfig"):
+    with caplog.at_level(logging.WARNING, logger="exporter.web.config"):
         assert load_web_config(write(pem, text)).tls is not None
     warned = caplog.text
     for option in ("cipher_suites", "curve_preferences", "rate_limit", "http2", "RequireAny"):
@@ -278,6 +278,6 @@ def test_ignored_options_are_warned_about(pem: Path, caplog: pytest.LogCaptureFi
 
 def test_nothing_is_warned_for_a_plain_file(pem: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A file using only supported options loads quietly (http2: false included)."""
-    with caplog.at_level(logging.DEBUG, logger="exporter.webconfig"):
+    with caplog.at_level(logging.DEBUG, logger="exporter.web.config"):
         load_web_config(write(pem, TLS + "http_server_config:\n  http2: false\n"))
     assert caplog.records == []

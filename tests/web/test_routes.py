@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.definitions import Definitions
-from exporter.routes import ROUTES, Route, telemetry_path_problems
 from exporter.settings import Settings
-from exporter.web import create_app
+from exporter.web.app import create_app
+from exporter.web.routes import ROUTES, Route, telemetry_path_problems
 
 Client = TestClient[web.Request, web.Application]
 # Nothing listens there: the health probe fails at once and no test needs a database.

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from exporter import __version__
-from exporter.health import PRIMARY_PATHS, REPLICA_PATHS, UP_PATHS, health_handler
-from exporter.health import ROUTES as HEALTH_ROUTES
-from exporter.pages import explain_handler, reload_handler, stat_handler, version_handler
-from exporter.state import STATE
+from exporter.web.health import PRIMARY_PATHS, REPLICA_PATHS, UP_PATHS, health_handler
+from exporter.web.health import ROUTES as HEALTH_ROUTES
+from exporter.web.metrics import metrics_handler
+from exporter.web.pages import explain_handler, reload_handler, stat_handler, version_handler
+from exporter.web.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -49,9 +50,10 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def add_routes(app: web.Application) -> None:
-    """Add every fixed route, then the landing page for any other path (so add the
-    telemetry path first)."""
+def add_routes(app: web.Application, telemetry_path: str) -> None:
+    """The exposition at ``telemetry_path``, every fixed route, then the landing page
+    for any other path."""
+    app.router.add_get(telemetry_path, metrics_handler)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     app.router.add_route("*", "/{tail:.*}", landing_handler)

@@ -12,7 +12,7 @@ import bcrypt
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from exporter.webauth import (
+from exporter.web.auth import (
     Credentials,
     Turns,
     basic_credentials,

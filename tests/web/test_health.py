@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.health import (
+from exporter.settings import Settings
+from exporter.web.health import (
     HEALTH_PATHS,
     HEALTH_PROBE,
     PRIMARY_PATHS,
@@ -31,7 +32,6 @@ from exporter.health import (
     health_context,
     health_handler,
 )
-from exporter.settings import Settings
 from tests.clock import FakeClock
 
 Client = TestClient[web.Request, web.Application]

@@ -12,9 +12,9 @@ import logging
 from aiohttp import web
 
 from exporter.flags import version_text
-from exporter.reloading import RELOADER
 from exporter.stat import stat_text
-from exporter.state import STATE
+from exporter.web.reloading import RELOADER
+from exporter.web.state import STATE
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _text_or_html(request: web.Request, title: str, text: str) -> web.Response:
 
 async def reload_handler(request: web.Request) -> web.Response:
     """GET (as the Go exporter) or POST: load and check the config again; 500 keeps the
-    running one. Requests during a reload share one (see :mod:`exporter.reloading`)."""
+    running one. Requests during a reload share one (see :mod:`exporter.web.reloading`)."""
     if request.method not in ("GET", "POST"):
         raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
     outcome = await request.app[RELOADER].reload()

@@ -20,8 +20,8 @@ from aiohttp import web
 
 from exporter.errors import ConfigError, UsageError
 from exporter.loading import load_for_settings
-from exporter.state import State
-from exporter.webconfig import TlsConfig, load_certificates, load_web_config, ssl_context
+from exporter.web.config import TlsConfig, load_certificates, load_web_config, ssl_context
+from exporter.web.state import State
 
 log = logging.getLogger(__name__)
 

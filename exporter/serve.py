@@ -1,0 +1,120 @@
+"""Serving: listen, answer signals and tell systemd, until SIGINT or SIGTERM.
+
+The process side of ``pg_exporter`` without ``--dry-run`` or ``--explain``: the
+CLI hands it the settings, the definitions and the web config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import signal
+import socket
+import ssl
+
+from aiohttp import web
+
+from exporter import systemd
+from exporter.collection import Exporter
+from exporter.definitions import Definitions
+from exporter.settings import Settings
+from exporter.web.app import create_app, make_runner
+from exporter.web.config import WebConfig, ssl_context
+from exporter.web.reloading import RELOADER, Outcome, Reloader
+from exporter.web.state import STATE
+
+log = logging.getLogger(__name__)
+
+
+def run(settings: Settings, definitions: Definitions, web_config: WebConfig | None = None) -> int:
+    """Serve until SIGINT or SIGTERM; the exit code for the CLI."""
+    _raise_fd_limit()
+    return asyncio.run(_serve(settings, definitions, web_config or WebConfig()))
+
+
+def _raise_fd_limit() -> None:
+    """Use the hard limit of open files, as Go programs do: every client holds a socket,
+    and systemd's soft default (1024) lets ~1000 idle or slowloris clients block scrapes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def _serve(settings: Settings, definitions: Definitions, web_config: WebConfig) -> int:
+    app = create_app(settings, definitions, web_config)
+    tls = ssl_context(web_config.tls) if web_config.tls else None
+    app[STATE].tls_context = tls
+    app[RELOADER].rebase()  # the certificate files count from now on
+    if not await _first_contact(app[STATE].exporter, settings):
+        return 2
+    runner = make_runner(app)
+    await runner.setup()
+    try:
+        await _listen(runner, settings, tls)
+    except OSError as exc:
+        log.error("cannot listen: %s", exc)
+        await runner.cleanup()
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[Outcome]] = set()  # keep references until done
+    for sig in (signal.SIGHUP, signal.SIGUSR1):  # the Go exporter reloads on both
+        loop.add_signal_handler(sig, _reload_soon, app[RELOADER], reloads)
+    systemd.ready()
+    interval = systemd.watchdog_interval()
+    # Pinged from the event loop itself, so a wedged loop stops the pings and
+    # systemd restarts the service.
+    watchdog = asyncio.create_task(systemd.watchdog_loop(interval)) if interval else None
+    await stop.wait()
+    systemd.stopping()
+    log.info("shutting down")
+    await runner.cleanup()
+    if watchdog is not None:
+        watchdog.cancel()
+    return 0
+
+
+async def _listen(runner: web.AppRunner, settings: Settings, tls: ssl.SSLContext | None) -> None:
+    """Start a site per listen address, or per socket systemd passed (socket activation)."""
+    if not settings.systemd_socket:
+        for address in settings.listen_addresses:
+            await web.TCPSite(runner, address.host, address.port, ssl_context=tls).start()
+            log.info("listening", extra={"address": str(address)})
+        return
+    sockets = systemd.listen_sockets()
+    if not sockets:
+        raise OSError("--web.systemd-socket is set but systemd passed no socket ($LISTEN_FDS)")
+    for sock in sockets:
+        await web.SockSite(runner, sock, ssl_context=tls).start()
+        log.info("listening on a socket from systemd", extra={"address": _name(sock)})
+
+
+def _name(sock: socket.socket) -> str:
+    address = sock.getsockname()
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
+
+def _reload_soon(reloader: Reloader, tasks: set[asyncio.Task[Outcome]]) -> None:
+    """SIGHUP, SIGUSR1: reload like ``/reload`` does, in a task of the event loop."""
+    task = asyncio.get_running_loop().create_task(reloader.reload())
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+async def _first_contact(exporter: Exporter, settings: Settings) -> bool:
+    """Try the target once at start; False only when --fail-fast forbids going on."""
+    try:
+        await exporter.main.prepare()
+    except Exception as exc:
+        if settings.fail_fast:
+            log.error("target unreachable and --fail-fast is set: %s", exc)
+            return False
+        log.warning("target unreachable at start, will retry on each scrape: %s", exc)
+        return True
+    log.info("connected", extra={"url": settings.masked_url})
+    return True

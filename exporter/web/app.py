@@ -1,0 +1,70 @@
+"""The exporter's aiohttp application: its factory and the runner production uses.
+
+``run_app`` is not used: :mod:`exporter.serve` (the process layer) sets the runner
+up, listens, and handles signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from exporter.admission import Admission
+from exporter.collection import Exporter
+from exporter.definitions import Definitions
+from exporter.selfmetrics import SelfMetrics
+from exporter.settings import Settings
+from exporter.web.auth import install
+from exporter.web.config import WebConfig
+from exporter.web.health import health_context
+from exporter.web.reloading import RELOADER, Reloader
+from exporter.web.routes import add_routes
+from exporter.web.state import STATE, State
+
+SHUTDOWN_TIMEOUT = 10.0  # seconds for responses in flight to finish on SIGTERM
+
+
+def create_app(
+    settings: Settings, definitions: Definitions, web_config: WebConfig | None = None
+) -> web.Application:
+    """The exporter's aiohttp application; connections close on cleanup.
+
+    Basic auth and extra headers from the web config apply to every route.
+    """
+    app = web.Application()
+    exporter = Exporter(settings, definitions)
+    app[STATE] = State(
+        settings=settings,
+        exporter=exporter,
+        admission=Admission(),
+        selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
+    )
+    app[RELOADER] = Reloader(app[STATE])
+    app.cleanup_ctx.append(_close_exporter)
+    app.cleanup_ctx.append(health_context(settings))
+    add_routes(app, settings.telemetry_path)
+    install(app, web_config or WebConfig())
+    return app
+
+
+async def _close_exporter(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[STATE].exporter.close()
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    """The runner used in production (and by tests that need real sockets)."""
+    # Handler cancellation is on by choice: a client that hangs up cancels its handler,
+    # which stops waiting for the lock at once (B5) and tells the pass, which runs in a
+    # task of its own, to start nothing new; a bounded collector in flight is shielded
+    # and finishes (B11).
+    # On SIGTERM, handlers still running after SHUTDOWN_TIMEOUT are cancelled; the
+    # exporter then waits for its pass (SHUTDOWN_GRACE) and closes its connections.
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+    )
