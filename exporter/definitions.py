@@ -107,10 +107,3 @@ class Definitions:
     # Files skipped in directory mode because they were invalid; reported, not fatal.
     skipped_files: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
-
-    def by_key(self, key: str) -> Collector | None:
-        """The branch with this key, if any."""
-        for collector in self.collectors:
-            if collector.key == key:
-                return collector
-        return None

@@ -1,7 +1,8 @@
 """Planning: which collector branches run against one server, and why the others do not.
 
 Pure functions over :class:`Definitions` and the facts gathered from a server;
-the caller gathers the facts and decides when to plan again (:func:`needs_replan`).
+the caller gathers the facts on every pass and plans again whenever any changed
+(:meth:`exporter.server.Server.prepare`).
 """
 
 from __future__ import annotations
@@ -64,20 +65,6 @@ def make_plan(definitions: Definitions, facts: ServerFacts, exporter_tags: Seque
         else:
             skipped.append(Skipped(collector, reason))
     return Plan(facts, tuple(planned), tuple(skipped))
-
-
-def needs_replan(old: ServerFacts, new: ServerFacts) -> bool:
-    """True when a fact that plans depend on most often has changed.
-
-    Version, recovery state, database and server kind; extensions and schemas
-    are taken as they were at the last planning (a reload plans again).
-    """
-    return (old.version, old.in_recovery, old.datname, old.pgbouncer) != (
-        new.version,
-        new.in_recovery,
-        new.datname,
-        new.pgbouncer,
-    )
 
 
 def skip_reason(collector: Collector, facts: ServerFacts, tags: frozenset[str]) -> str | None:

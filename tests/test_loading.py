@@ -510,7 +510,7 @@ def test_directory_merges_in_name_order(tmp_path: Path) -> None:
     write(tmp_path, "0200-b.yml", simple("shared", "SELECT 'late'") + simple("only_b"))
     write(tmp_path, "0100-a.yaml", simple("shared", "SELECT 'early'") + simple("only_a"))
     definitions = load_definitions(str(tmp_path))
-    shared = definitions.by_key("shared")
+    shared = {c.key: c for c in definitions.collectors}.get("shared")
     assert shared is not None
     assert (shared.query, shared.priority) == ("SELECT 'late'", 101)
     assert shared.source == str(tmp_path / "0200-b.yml")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from exporter.definitions import Collector, Column, Definitions, Usage
-from exporter.planning import Plan, ServerFacts, explain_text, make_plan, needs_replan
+from exporter.planning import Plan, ServerFacts, explain_text, make_plan
 
 PRIMARY = ServerFacts(
     version=180006,
@@ -177,22 +177,6 @@ def test_branches_sharing_a_name_may_all_be_planned() -> None:
     second = branch("pg_x_b", name="pg_x")
     plan = make_plan(Definitions((first, second)), PRIMARY, ())
     assert plan.planned == (first, second)
-
-
-@pytest.mark.parametrize(
-    ("change", "expected"),
-    [
-        ({}, False),
-        ({"version": 180007}, True),
-        ({"in_recovery": True}, True),
-        ({"datname": "other"}, True),
-        ({"pgbouncer": True}, True),
-        ({"username": "someone"}, False),
-    ],
-)
-def test_needs_replan(change: dict[str, Any], expected: bool) -> None:
-    """Version, recovery state, database or server kind changing calls for a new plan."""
-    assert needs_replan(PRIMARY, replace(PRIMARY, **change)) is expected
 
 
 def test_explain_text_shows_plan_and_reasons() -> None:
