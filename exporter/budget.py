@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from exporter.errors import RequestEnded
+
 T = TypeVar("T")
 
 #: The HTTP write limit: no scrape may take longer than this, header or not.
@@ -92,14 +94,6 @@ class Budget:
         if self.clock() >= self.deadline:
             return Interruption.BUDGET
         return None
-
-
-class RequestEnded(Exception):
-    """The request ended (budget spent or client gone) before cancellable work finished."""
-
-    def __init__(self, reason: Interruption) -> None:
-        super().__init__(f"request ended ({reason.value})")
-        self.reason = reason
 
 
 async def until_request_ends(work: Awaitable[T], budget: Budget) -> T:

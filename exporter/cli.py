@@ -16,11 +16,10 @@ from collections.abc import Mapping, Sequence
 import exporter
 from exporter import settings as defaults
 from exporter.dryrun import render_definitions
-from exporter.errors import ConfigError, UsageError
-from exporter.flags import BY_LONG, InfoRequested, bool_text, scan
+from exporter.errors import ConfigError, InfoRequested, TargetError, UsageError
+from exporter.flags import BY_LONG, bool_text, scan
 from exporter.logs import FORMATS, LEVELS, configure_logging
 from exporter.settings import ListenAddress, Settings
-from exporter.target import TargetError
 from exporter.validation import LABEL_NAME
 
 log = logging.getLogger(__name__)

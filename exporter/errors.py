@@ -5,6 +5,10 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Sized
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from exporter.budget import Interruption
 
 # A value quoted in a message is cut to this many characters: a collector file can
 # hold megabytes in one value, or (through YAML aliases) far more.
@@ -57,6 +61,14 @@ class ExporterError(Exception):
     """Base class for errors the exporter reports to its operator."""
 
 
+class InfoRequested(Exception):
+    """``--help`` or ``--version`` was given: print ``text`` to stdout and exit 0."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
 class UsageError(ExporterError):
     """Bad command line, environment or settings value (exit code 1)."""
 
@@ -83,8 +95,28 @@ class ConfigError(ExporterError):
         return "\n".join([self.summary, *listed])
 
 
+class TargetError(ValueError):
+    """libpq cannot read the target URL. The message never quotes the URL."""
+
+
 class CollectorError(ExporterError):
     """A collector's execution or result failed; the message names the collector."""
+
+
+class PredicateError(CollectorError):
+    """A predicate query returned something other than one boolean (or no row)."""
+
+
+class FatalCollectorFailed(Exception):
+    """A ``fatal: true`` collector failed: the database's pass stops here."""
+
+
+class RequestEnded(Exception):
+    """The request ended (budget spent or client gone) before cancellable work finished."""
+
+    def __init__(self, reason: Interruption) -> None:
+        super().__init__(f"request ended ({reason.value})")
+        self.reason = reason
 
 
 class MissingColumnError(CollectorError):

@@ -17,20 +17,12 @@ from dataclasses import dataclass
 
 import exporter
 from exporter import settings as defaults
-from exporter.errors import UsageError
+from exporter.errors import InfoRequested, UsageError
 from exporter.logs import FORMATS, LEVELS
 
 # Go's strconv.ParseBool spellings (compared lower-cased), plus yes/no.
 TRUE = ("true", "t", "1", "yes")
 FALSE = ("false", "f", "0", "no")
-
-
-class InfoRequested(Exception):
-    """``--help`` or ``--version`` was given: print ``text`` to stdout and exit 0."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
 
 
 class Kind(enum.Enum):

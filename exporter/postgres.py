@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from exporter.definitions import Collector, Predicate
-from exporter.errors import CollectorError
+from exporter.errors import PredicateError
 from exporter.planning import ServerFacts
 from exporter.target import mask
 
@@ -43,10 +43,6 @@ SELECT current_setting('server_version_num')::int,
        ARRAY(SELECT datname::text FROM pg_database
              WHERE datallowconn AND NOT datistemplate ORDER BY datname)
 """
-
-
-class PredicateError(CollectorError):
-    """A predicate query returned something other than one boolean (or no row)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,15 @@ import psycopg
 from psycopg import errors as pgerrors
 
 from exporter import postgres
-from exporter.budget import Budget, Interruption, RequestEnded, until_request_ends
+from exporter.budget import Budget, Interruption, until_request_ends
 from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
 from exporter.definitions import Collector, Definitions, Predicate
-from exporter.errors import CollectorError, TooManySeriesError
+from exporter.errors import (
+    CollectorError,
+    FatalCollectorFailed,
+    RequestEnded,
+    TooManySeriesError,
+)
 from exporter.exposition import Family
 from exporter.planning import Plan, ServerFacts, make_plan
 from exporter.samples import SampleBuilder
@@ -39,10 +44,6 @@ class _Skipped(enum.Enum):
 
 
 SKIPPED = _Skipped.SKIPPED  # a predicate said no
-
-
-class FatalCollectorFailed(Exception):
-    """A ``fatal: true`` collector failed: the database's pass stops here."""
 
 
 @dataclass(frozen=True, slots=True)

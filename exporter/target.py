@@ -17,6 +17,8 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from exporter.errors import TargetError
+
 MASK = "xxxxx"
 PGBOUNCER_DATABASE = "pgbouncer"  # pgBouncer's admin console
 _URI_PREFIXES = ("postgresql://", "postgres://")  # libpq's, case-sensitive
@@ -49,10 +51,6 @@ _URI_HINT = (
     "(% as %25, @ as %40, / as %2F, a space as %20)"
 )
 _KEYWORD_HINT = "quote a value holding spaces or quotes, with \\ before ' and \\ (password='a b')"
-
-
-class TargetError(ValueError):
-    """libpq cannot read the target URL. The message never quotes the URL."""
 
 
 @dataclass(frozen=True, slots=True)

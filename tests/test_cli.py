@@ -18,8 +18,8 @@ from exporter import settings as settings_module
 from exporter.cli import main, parse_settings
 from exporter.definitions import Definitions
 from exporter.dryrun import render_definitions
-from exporter.errors import ConfigError, Problem, UsageError
-from exporter.flags import FLAGS, InfoRequested, Kind
+from exporter.errors import ConfigError, InfoRequested, Problem, UsageError
+from exporter.flags import FLAGS, Kind
 from exporter.loading import load_definitions
 from exporter.settings import ListenAddress, Settings
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from exporter.errors import TargetError
 from exporter.settings import Settings
-from exporter.target import TargetError
 
 
 def test_namespace_follows_pgbouncer_mode() -> None:

@@ -30,10 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.budget import DEFAULT_BUDGET, budget_seconds
 from exporter.cli import parse_settings
 from exporter.definitions import Definitions
-from exporter.errors import ConfigError, UsageError
+from exporter.errors import ConfigError, TargetError, UsageError
 from exporter.exposition import Format, encode, negotiate, runtime_families
 from exporter.loading import load_definitions
-from exporter.target import MASK, Target, TargetError, database_of, mask
+from exporter.target import MASK, Target, database_of, mask
 
 CI = settings(
     max_examples=200,
