@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,6 +253,8 @@ def _yaml_files(path: str) -> list[str]:
 def _read_file(path: str, index: int) -> ParsedDocument:
     """One file's text validated; an unreadable or oversized file is a problem of its own."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device not end
+            return ParsedDocument((), (Problem(path, "not a regular file"),))
         with Path(path).open(encoding="utf-8") as file:
             text = file.read(MAX_FILE_CHARS + 1)  # never the whole of a huge file
     except FileNotFoundError:

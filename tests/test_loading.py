@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 import tracemalloc
 from pathlib import Path
@@ -704,3 +705,12 @@ def test_a_huge_file_is_refused_without_being_read_whole(tmp_path: Path) -> None
     assert problem.location == str(path)
     assert problem.message.startswith("more than 4 MiB of text")
     assert peak < 4 * MAX_FILE_CHARS, f"{peak} bytes at the peak"
+
+
+def test_a_fifo_as_config_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A config path that is a FIFO (or a device) is a problem of its own: opening it to
+    read would wait for a writer forever, and a reload would hang with it."""
+    fifo = tmp_path / "collectors.yml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_definitions(str(fifo))

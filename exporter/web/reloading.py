@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import stat
 from typing import NamedTuple
 
 from aiohttp import web
@@ -73,12 +74,16 @@ def _tls_files(web_config: str) -> list[str]:
 
 
 def _file_digest(path: str) -> bytes:
+    """The content's hash; size and time for a huge file; kind for a device or FIFO
+    (which could block or never end: the loader refuses them anyway)."""
     try:
-        stat = os.stat(path)
-        if stat.st_size > _HASH_LIMIT:
-            return f"{stat.st_size}:{stat.st_mtime_ns}".encode()
+        status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode):
+            return f"not-a-file:{stat.S_IFMT(status.st_mode)}".encode()
+        if status.st_size > _HASH_LIMIT:
+            return f"{status.st_size}:{status.st_mtime_ns}".encode()
         with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).digest()
+            return hashlib.sha256(handle.read(_HASH_LIMIT + 1)).digest()
     except OSError as exc:
         return f"unreadable:{exc.errno}".encode()
 
