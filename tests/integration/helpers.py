@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 import re
+import signal
+import subprocess
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +21,31 @@ from rigs.localpg import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTORS = REPO / "collectors"
+
+
+def http_get(url: str, method: str = "GET") -> tuple[int, str]:
+    """(status, body) of one request, error statuses included; (0, "") when nothing answers."""
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def terminate(process: subprocess.Popen[bytes], within: float = 30.0) -> int | None:
+    """SIGTERM and wait: the exit code, or None when it had to be killed after ``within`` s."""
+    if process.poll() is not None:
+        return process.returncode
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return None
 
 
 def settings_for(cluster: LocalCluster, **overrides: object) -> Settings:

@@ -7,25 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from exporter.cli import main
 from rigs.localpg import LocalCluster, free_port
-from tests.integration.helpers import COLLECTORS, REPO, value, wait_for
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
+from tests.integration.helpers import COLLECTORS, REPO, http_get, terminate, value, wait_for
 
 
 def test_explain_prints_plan_with_reasons(
@@ -58,19 +46,16 @@ def test_process_serves_and_stops_on_sigterm(pg18: LocalCluster) -> None:
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ},
     )  # fmt: skip
     try:
-        wait_for(lambda: _get(f"http://127.0.0.1:{port}/")[0] == 200, "the exporter to listen")
-        status, body = _get(f"http://127.0.0.1:{port}/metrics")
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/")[0] == 200, "the exporter to listen")
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
         assert value(body, "pg_up") == 1
         assert value(body, "pg_exporter_scrape_error_count") == 0
-        status, page = _get(f"http://127.0.0.1:{port}/")
+        status, page = http_get(f"http://127.0.0.1:{port}/")
         assert 'href="/metrics"' in page
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        code = terminate(process)
+    assert code == 0
     stderr = process.stderr.read().decode() if process.stderr else ""
     assert '"msg": "listening"' in stderr or '"msg":"listening"' in stderr
 
@@ -124,19 +109,16 @@ def test_socket_activation_sigusr1_reload_and_libpq_variables(
     listener.close()  # the child holds its own copy as fd 3
     try:
         url = f"http://127.0.0.1:{port}/metrics"
-        wait_for(lambda: _get(url)[0] == 200, "the exporter to serve the passed socket")
-        body = _get(url)[1]
+        wait_for(lambda: http_get(url)[0] == 200, "the exporter to serve the passed socket")
+        body = http_get(url)[1]
         assert value(body, "pg_up") == 1
         assert value(body, "first_one") == 1
         (config / "2-second.yml").write_text(_TWO)
         process.send_signal(signal.SIGUSR1)
-        wait_for(lambda: "second_one 1" in _get(url)[1], "SIGUSR1 to load the second file")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        wait_for(lambda: "second_one 1" in http_get(url)[1], "SIGUSR1 to load the second file")
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        code = terminate(process)
+    assert code == 0
     stderr = process.stderr.read().decode() if process.stderr else ""
     assert "cleared $PGSERVICE" in stderr
     assert "listening on a socket from systemd" in stderr

@@ -10,40 +10,16 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import COLLECTORS, REPO, samples, wait_for
-
-
-def _get(url: str, method: str = "GET") -> tuple[int, str]:
-    request = urllib.request.Request(url, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+from tests.integration.helpers import COLLECTORS, REPO, http_get, samples, terminate, wait_for
 
 
 @contextlib.contextmanager
@@ -57,10 +33,10 @@ def _exporter(cluster: LocalCluster, log: Path, *extra: str) -> Iterator[int]:
             cwd=REPO, stdout=sink, stderr=sink, env={**os.environ},
         )  # fmt: skip
     try:
-        wait_for(lambda: _get(f"http://127.0.0.1:{port}/version")[0] == 200, "the exporter")
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/version")[0] == 200, "the exporter")
         yield port
     finally:
-        _stop(process)
+        terminate(process)
 
 
 # --- Prometheus -------------------------------------------------------------------------
@@ -95,15 +71,15 @@ def _prometheus(target: int, home: Path) -> Iterator[str]:
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _get(f"{base}/-/ready")[0] == 200, "prometheus to be ready")
+        wait_for(lambda: http_get(f"{base}/-/ready")[0] == 200, "prometheus to be ready")
         yield base
     finally:
-        _stop(process)
+        terminate(process)
 
 
 def _api(base: str, path: str, **params: str) -> object:
     query = urllib.parse.urlencode(params)
-    status, text = _get(f"{base}/api/v1/{path}?{query}")
+    status, text = http_get(f"{base}/api/v1/{path}?{query}")
     assert status == 200, text
     return json.loads(text)["data"]
 
@@ -134,7 +110,7 @@ def test_prometheus_stores_every_name_as_exposed(
         _prometheus(port, tmp_path) as prometheus,
     ):
         wait_for(lambda: _scrapes(prometheus) >= 3, "three scrapes by prometheus")
-        _, exposition = _get(f"http://127.0.0.1:{port}/metrics")
+        _, exposition = http_get(f"http://127.0.0.1:{port}/metrics")
         stored = _api(prometheus, "label/__name__/values")
         metadata = _api(prometheus, "metadata")
     assert isinstance(stored, list)
@@ -203,15 +179,15 @@ def _haproxy(home: Path, **ports: int) -> Iterator[str]:
         process = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=sink, stderr=sink)
     url = f"http://127.0.0.1:{ports['stats']}/stats;csv"
     try:
-        wait_for(lambda: _get(url)[0] == 200, "haproxy's stats page")
+        wait_for(lambda: http_get(url)[0] == 200, "haproxy's stats page")
         yield url
     finally:
-        _stop(process)
+        terminate(process)
 
 
 def _states(stats_url: str) -> dict[tuple[str, str], str]:
     """(proxy, server) → UP / DOWN as HAProxy's checks decided (no transitional states)."""
-    _, text = _get(stats_url)
+    _, text = http_get(stats_url)
     rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
     return {
         (r["pxname"], r["svname"]): r["status"].split()[0]
@@ -252,8 +228,8 @@ def test_haproxy_routes_writes_to_the_primary_only(
                 ("reads", "a"): "DOWN", ("reads", "b"): "UP",
             }  # fmt: skip
             wait_for(lambda: _settles(stats, both_up), f"checks to settle as {both_up}")
-            assert _get(f"http://127.0.0.1:{exp_b}/primary", "OPTIONS")[0] == 404
+            assert http_get(f"http://127.0.0.1:{exp_b}/primary", "OPTIONS")[0] == 404
             primary.stop()
             primary_down = {**both_up, ("writes", "a"): "DOWN"}
             wait_for(lambda: _settles(stats, primary_down), f"checks to settle as {primary_down}")
-            assert _get(f"http://127.0.0.1:{exp_a}/primary", "OPTIONS") == (503, "down")
+            assert http_get(f"http://127.0.0.1:{exp_a}/primary", "OPTIONS") == (503, "down")

@@ -4,7 +4,6 @@ never shows; a URL libpq rejects stops the process at once, quoting no secret (D
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from rigs.localpg import LocalCluster, free_port
-from tests.integration.helpers import COLLECTORS, REPO, value, wait_for
+from tests.integration.helpers import COLLECTORS, REPO, terminate, value, wait_for
 
 ROLE = "pw_probe"
 # ? and # once cut the URL short; the rest is what a password may hold besides.
@@ -79,12 +78,9 @@ def _serve_and_scrape(
     try:
         wait_for(lambda: "pg_up " in _metrics(port), "the exporter to serve")
         up, sessions = value(_metrics(port), "pg_up"), _sessions(cluster)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        code = terminate(process)
+    assert code == 0
     return up, sessions
 
 

@@ -18,7 +18,14 @@ import aiohttp
 import pytest
 
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import COLLECTORS, REPO, statement_calls, value, wait_for
+from tests.integration.helpers import (
+    COLLECTORS,
+    REPO,
+    statement_calls,
+    terminate,
+    value,
+    wait_for,
+)
 
 pytestmark = pytest.mark.pg
 
@@ -66,12 +73,7 @@ def exporter(cluster: LocalCluster, config: Path, log: Path) -> Iterator[int]:
         wait_for(lambda: _status(port, "/version") == 200, "the exporter to listen")
         yield port
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
 
 
 def _status(port: int, path: str) -> int:
