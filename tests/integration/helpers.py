@@ -17,6 +17,7 @@ from pathlib import Path
 from exporter.definitions import Definitions
 from exporter.loading import load_definitions
 from exporter.settings import Settings
+from exporter.web.health import PROBE_SQL
 from rigs.localpg import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,14 +122,14 @@ def statement_calls(cluster: LocalCluster, marker: str) -> int:
     )
 
 
-# The health probe keeps a connection of its own (D5 allows one beyond the databases);
-# its last query is always this one, which tells it apart from the pass's connections.
-PROBE_QUERY = "SELECT pg_is_in_recovery()"
-
-
 def exporter_backends(cluster: LocalCluster, where: str = "true", *, probe: bool = False) -> int:
-    """The exporter's backends matching ``where``; the health probe's only if ``probe``."""
-    not_probe = "true" if probe else f"query <> '{PROBE_QUERY}'"
+    """The exporter's backends matching ``where``; the health probe's only if ``probe``.
+
+    The probe keeps a connection of its own (D5 allows one beyond the databases); its
+    last query is always PROBE_SQL, which tells it apart from the pass's connections.
+    """
+    quoted = PROBE_SQL.replace("'", "''")
+    not_probe = "true" if probe else f"query <> '{quoted}'"
     out = cluster.psql(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
         f"AND ({where}) AND {not_probe} AND pid <> pg_backend_pid()"

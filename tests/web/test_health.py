@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import cast
 
 import psycopg
 import pytest
@@ -18,6 +22,8 @@ from exporter.settings import Settings
 from exporter.web.health import (
     HEALTH_PATHS,
     HEALTH_PROBE,
+    NO_UPSTREAM_HOLD,
+    OUTAGE_HOLD,
     PRIMARY_PATHS,
     REPLICA_PATHS,
     ROUTES,
@@ -25,6 +31,7 @@ from exporter.web.health import (
     Conn,
     HealthProbe,
     HealthSnapshot,
+    Reading,
     Status,
     Want,
     answer,
@@ -32,6 +39,7 @@ from exporter.web.health import (
     health_context,
     health_handler,
 )
+from exporter.web.pace import FAST_INTERVAL
 from tests.clock import FakeClock
 
 Client = TestClient[web.Request, web.Application]
@@ -93,18 +101,33 @@ def test_classify_maps_57p03_to_starting(exc: BaseException, status: Status) -> 
     assert classify(exc) == status
 
 
-def test_stale_snapshot_reads_as_unknown() -> None:
-    """A snapshot older than a few probe periods is no longer trusted."""
+def test_a_role_expires_soon_after_the_probe_that_saw_it() -> None:
+    """A primary is announced for at most the slow interval plus a second after the probe
+    that saw it, however long the connect timeout: a hung server is not routed writes."""
     clock = FakeClock()
-    probe = HealthProbe(URL, 0.5, interval=1.0, clock=clock)
+    probe = HealthProbe(URL, 5.0, interval=1.0, clock=clock)
+    assert probe.trust_role_for == 2.0
     probe.snapshot = HealthSnapshot(Status.PRIMARY, clock.now)
-    clock.advance(probe.stale_after)
+    clock.advance(probe.trust_role_for)
     assert probe.current().status is Status.PRIMARY
     clock.advance(0.01)
     stale = probe.current()
     assert stale.status is Status.UNKNOWN
     assert stale.checked_at == probe.snapshot.checked_at
-    assert "no probe" in stale.error
+    assert "no answer for 2.0s" in stale.error
+
+
+def test_a_failure_is_repeated_until_the_probe_has_clearly_stopped() -> None:
+    """A down answer (503 either way) outlives a role: probes into a hang take the whole
+    connect timeout, and the word stays 'down' between them; after a few periods without
+    any probe it turns to unknown."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 5.0, interval=1.0, clock=clock)
+    probe.snapshot = HealthSnapshot(Status.DOWN, clock.now, "no answer within 5s")
+    clock.advance(probe.connect_timeout + probe.interval)
+    assert probe.current().status is Status.DOWN
+    clock.advance(probe.stale_after)
+    assert probe.current().status is Status.UNKNOWN
 
 
 def test_probe_rejects_nonpositive_timings() -> None:
@@ -113,6 +136,8 @@ def test_probe_rejects_nonpositive_timings() -> None:
         HealthProbe(URL, 0.0)
     with pytest.raises(ValueError, match="positive"):
         HealthProbe(URL, 1.0, interval=0.0)
+    with pytest.raises(ValueError, match="positive"):
+        HealthProbe(URL, 1.0, fast_interval=0.0)
 
 
 _METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "DELETE", "PATCH")
@@ -300,7 +325,8 @@ async def test_probes_never_overlap_and_keep_the_interval(
             if len(starts) >= 4:
                 enough.set()
 
-    probe = HealthProbe(URL, 1.0, interval=interval, connector=slow)
+    # Failures would quicken the pace: one interval for both, to see it kept.
+    probe = HealthProbe(URL, 1.0, interval=interval, fast_interval=interval, connector=slow)
     task = asyncio.create_task(probe.run())
     async with asyncio.timeout(10):
         await enough.wait()
@@ -325,3 +351,112 @@ async def test_context_runs_the_probe_for_the_app_lifetime(aiohttp_client: Aioht
     await client.close()
     names = {task.get_name() for task in asyncio.all_tasks()}
     assert "health probe" not in names
+
+
+@pytest.mark.parametrize(
+    ("reading", "hold"),
+    [
+        (Reading(Status.PRIMARY), None),
+        (Reading(Status.REPLICA, streaming=True), None),
+        (Reading(Status.REPLICA, streaming=None), None),
+        (Reading(Status.REPLICA, streaming=False), NO_UPSTREAM_HOLD),
+        (Reading(Status.DOWN), OUTAGE_HOLD),
+        (Reading(Status.STARTING), OUTAGE_HOLD),
+    ],
+)
+def test_only_a_primary_or_a_streaming_replica_is_steady(reading: Reading, hold: float) -> None:
+    """A replica that lost its upstream is about to be promoted or to reconnect, and a
+    server down or starting about to come back: each keeps the probe quick a while."""
+    assert reading.hold == hold
+
+
+class _FakeConn:
+    """Answers the probe's query with the rows given, one per call (the last repeats)."""
+
+    def __init__(self, rows: list[tuple[object, ...]], sock: socket.socket | None = None) -> None:
+        self.rows = rows
+        self.sock = sock
+        self.queries = 0
+        self.closed = False
+        self.broken = False
+
+    async def execute(self, sql: str, prepare: bool = False) -> _FakeConn:
+        self.queries += 1
+        if self.sock is not None:  # psycopg reads whatever the server sent meanwhile
+            with contextlib.suppress(BlockingIOError):
+                self.sock.recv(4096)
+        return self
+
+    async def fetchone(self) -> tuple[object, ...]:
+        return self.rows.pop(0) if len(self.rows) > 1 else self.rows[0]
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _connector(conn: _FakeConn) -> Callable[[str, float], Awaitable[Conn]]:
+    async def connect(conninfo: str, seconds: float) -> Conn:
+        return cast(Conn, conn)
+
+    return connect
+
+
+async def test_a_replica_without_upstream_is_probed_quickly() -> None:
+    """The probe reads the WAL receiver too: a replica that stops streaming quickens the
+    pace for NO_UPSTREAM_HOLD, a streaming one settles to the slow pace."""
+    clock = FakeClock()
+    conn = _FakeConn([(True, True)] * 4 + [(True, None)])
+    probe = HealthProbe(URL, 1.0, clock=clock, connector=_connector(conn))
+    for _ in range(4):
+        await probe.probe_once()
+        clock.advance(probe.pace.interval(clock.now))
+    assert probe.reading == Reading(Status.REPLICA, streaming=True)
+    assert probe.pace.interval(clock.now) == probe.interval
+    await probe.probe_once()
+    assert probe.reading == Reading(Status.REPLICA, streaming=False)
+    assert probe.snapshot.status is Status.REPLICA
+    assert probe.pace.interval(clock.now) == FAST_INTERVAL
+    clock.advance(NO_UPSTREAM_HOLD + 0.01)
+    await probe.probe_once()
+    assert probe.pace.interval(clock.now) == probe.interval
+
+
+async def test_a_scrape_that_saw_another_role_quickens_the_probe() -> None:
+    """recovery_seen() from the collection pass wakes the probe only when it disagrees."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 1.0, clock=clock, connector=_connector(_FakeConn([(False, None)])))
+    for _ in range(4):
+        await probe.probe_once()
+    assert probe.snapshot.status is Status.PRIMARY
+    assert probe.pace.interval(clock.now) == probe.interval
+    probe.recovery_seen(in_recovery=False)
+    assert probe.pace.interval(clock.now) == probe.interval
+    probe.recovery_seen(in_recovery=True)
+    assert probe.pace.interval(clock.now) == FAST_INTERVAL
+    assert probe.pace.spell is not None
+    assert "scrape saw a replica" in probe.pace.spell.reason
+
+
+async def test_the_server_writing_to_the_idle_connection_wakes_the_probe() -> None:
+    """Between probes the idle connection is watched: the server only writes to it to end
+    it, so the probe asks at once instead of a slow interval later."""
+    ours, server = socket.socketpair()
+    ours.setblocking(False)
+    conn = _FakeConn([(False, None)], sock=ours)
+    probe = HealthProbe(URL, 1.0, interval=30.0, connector=_connector(conn))
+    task = asyncio.create_task(probe.run())
+    try:
+        await _until(lambda: not probe.pace.is_fast(time.monotonic()))
+        asked = conn.queries
+        server.send(b"E")  # e.g. "terminating connection due to administrator command"
+        await _until(lambda: conn.queries > asked)
+        assert probe.pace.is_fast(time.monotonic())
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        ours.close()
+        server.close()
