@@ -9,6 +9,7 @@ described by one table that also renders ``--help``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -66,6 +67,7 @@ def _settings(src: _Source, url: str) -> Settings:
         fail_fast=src.switch("fail-fast", default=False),
         connect_timeout=_connect_timeout(src),
         max_series=_max_series(src),
+        backoff_ceiling=_backoff_ceiling(src),
         dry_run=src.switch("dry-run", default=False),
         explain=src.switch("explain", default=False),
         log_level=_choice(src, "log.level", tuple(LEVELS), "info"),
@@ -243,6 +245,20 @@ def _max_series(src: _Source) -> int:
         origin = found[1] if found else "--max-series"
         raise UsageError(f"{origin} must be greater than 0, not {value}")
     return value
+
+
+def _backoff_ceiling(src: _Source) -> float:
+    """Seconds, finite and >= 0 (D15)."""
+    found = src.lookup("backoff-ceiling")
+    if found is None:
+        return defaults.DEFAULT_BACKOFF_CEILING
+    try:
+        seconds = float(found[0].strip())
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UsageError(f"{found[1]} must be a number of seconds >= 0, not {found[0]!r}")
+    return seconds
 
 
 def _choice(src: _Source, name: str, allowed: tuple[str, ...], default: str) -> str:

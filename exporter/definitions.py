@@ -76,6 +76,7 @@ class Collector:
     skip: bool = False
     tags: tuple[str, ...] = ()
     max_series: int | None = None  # per-collector series cap; None uses the global one
+    backoff_ceiling: float | None = None  # seconds; None uses --backoff-ceiling (D15)
     source: str = ""  # file the branch came from, for messages
 
     @property

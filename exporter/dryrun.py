@@ -52,6 +52,8 @@ def _collector_fields(collector: Collector) -> dict[str, object]:
     }
     if collector.max_series is not None:
         fields["max_series"] = collector.max_series
+    if collector.backoff_ceiling is not None:
+        fields["backoff_ceiling"] = collector.backoff_ceiling
     if collector.predicates:
         fields["predicate_queries"] = [
             {"name": p.name, "predicate_query": p.sql, "ttl": p.ttl} for p in collector.predicates

@@ -99,6 +99,11 @@ FLAGS = (
          str(defaults.DEFAULT_MAX_SERIES),
          "Most series one collector may produce; above it the collector fails and publishes "
          "nothing. A collector's own max_series overrides it."),
+    Flag("backoff-ceiling",     "",  _ENV + "BACKOFF_CEILING", _V, "SECONDS",
+         f"{defaults.DEFAULT_BACKOFF_CEILING:g}",
+         "Longest wait before a collector that keeps failing runs again: the wait starts at "
+         "its ttl and doubles with each failure in a row, with jitter. 0 waits the ttl only. "
+         "A collector's own backoff_ceiling overrides it."),
     Flag("dry-run",             "D", "",                     _S, "",         "false",
          "Print the collector definitions as loaded, then exit; no database needed."),
     Flag("explain",             "E", "",                     _S, "",         "false",

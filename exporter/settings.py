@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from exporter import backoff
 from exporter.target import Target
 
 DEFAULT_URL = "postgresql:///?sslmode=disable"
@@ -16,6 +17,7 @@ DEFAULT_TELEMETRY_PATH = "/metrics"
 DEFAULT_EXCLUDE = ("template0", "template1", "postgres")
 DEFAULT_CONNECT_TIMEOUT_MS = 100
 DEFAULT_MAX_SERIES = 100_000
+DEFAULT_BACKOFF_CEILING = backoff.DEFAULT_CEILING  # seconds (D15)
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
 
@@ -56,6 +58,7 @@ class Settings:
     fail_fast: bool = False
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_MS / 1000  # seconds
     max_series: int = DEFAULT_MAX_SERIES
+    backoff_ceiling: float = DEFAULT_BACKOFF_CEILING  # seconds; 0: a failure waits its ttl only
     dry_run: bool = False
     explain: bool = False
     log_level: str = "info"  # debug, info, warn, error

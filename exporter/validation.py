@@ -28,6 +28,7 @@ from exporter.errors import Problem, excerpt, shorten
 BRANCH_FIELDS = frozenset(
     {"name", "desc", "query", "predicate_queries", "ttl", "timeout", "priority"}
     | {"min_version", "max_version", "fatal", "skip", "tags", "metrics", "max_series"}
+    | {"backoff_ceiling"}
 )
 PREDICATE_FIELDS = frozenset({"name", "predicate_query", "ttl"})
 COLUMN_FIELDS = frozenset({"usage", "rename", "description", "default", "scale", "bucket"})
@@ -111,6 +112,7 @@ def read_branch(notes: Notes, key: object, body: object, file_index: int) -> Col
         fatal=scheduling.fatal,
         skip=scheduling.skip,
         max_series=scheduling.max_series,
+        backoff_ceiling=scheduling.backoff_ceiling,
     )
 
 
@@ -183,10 +185,11 @@ class Scheduling:
     fatal: bool
     skip: bool
     max_series: int | None
+    backoff_ceiling: float | None
 
 
 def _read_scheduling(notes: Notes, key: str, body: dict[Any, Any], index: int) -> Scheduling:
-    """ttl, timeout, priority, version range, flags and max_series of one branch."""
+    """ttl, timeout, priority, version range, flags, max_series and backoff_ceiling."""
     priority = _read_int(notes, f"{key}.priority", body.get("priority"), None)
     min_version = _read_int(notes, f"{key}.min_version", body.get("min_version"), 0, VERSION)
     max_version = _read_int(notes, f"{key}.max_version", body.get("max_version"), 0, VERSION)
@@ -201,6 +204,7 @@ def _read_scheduling(notes: Notes, key: str, body: dict[Any, Any], index: int) -
         fatal=_read_bool(notes, f"{key}.fatal", body.get("fatal")),
         skip=_read_bool(notes, f"{key}.skip", body.get("skip")),
         max_series=_read_int(notes, f"{key}.max_series", body.get("max_series"), 1),
+        backoff_ceiling=_read_ceiling(notes, f"{key}.backoff_ceiling", body.get("backoff_ceiling")),
     )
 
 
@@ -211,6 +215,18 @@ def _read_seconds(notes: Notes, where: str, value: object) -> float:
     if not _is_number(value) or not math.isfinite(value) or value < 0:
         notes.error(where, f"expected a number of seconds >= 0, got {kind_of(value)}")
         return 0.0
+    return float(value)
+
+
+def _read_ceiling(notes: Notes, where: str, value: object) -> float | None:
+    """A back-off ceiling: absent means the global one; else finite seconds >= 0 (D15)."""
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value) or value < 0:
+        notes.error(
+            where, f"expected seconds >= 0 (0 = no back-off beyond the ttl), got {kind_of(value)}"
+        )
+        return None
     return float(value)
 
 

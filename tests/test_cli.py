@@ -31,6 +31,7 @@ pg_demo:
       FROM pg_stat_database
   ttl: 10
   timeout: -1
+  backoff_ceiling: 90
   tags: [cluster]
   predicate_queries:
     - {name: has_db, predicate_query: "SELECT true", ttl: 5}
@@ -82,6 +83,7 @@ def test_defaults(config: str) -> None:
     assert settings.exclude_databases == ("template0", "template1", "postgres")
     assert settings.connect_timeout == 0.1
     assert settings.max_series == 100_000
+    assert settings.backoff_ceiling == 600.0
     assert settings.auto_discovery is True
     assert (settings.log_level, settings.log_format) == ("info", "logfmt")
 
@@ -109,6 +111,8 @@ VALUE_CASES = [
     (["--connect-timeout", "2500"], "connect_timeout", 2.5),
     (["-T", "250"], "connect_timeout", 0.25),
     (["--max-series", "50"], "max_series", 50),
+    (["--backoff-ceiling", "90"], "backoff_ceiling", 90.0),
+    (["--backoff-ceiling=0"], "backoff_ceiling", 0.0),
     (["--log.level", "debug"], "log_level", "debug"),
     (["--log.level=WARN"], "log_level", "warn"),
     (["--log.format", "json"], "log_format", "json"),
@@ -134,6 +138,7 @@ ENV_CASES = [
     ("PG_EXPORTER_FAIL_FAST", "YES", "fail_fast", True),
     ("PG_EXPORTER_CONNECT_TIMEOUT", "3000", "connect_timeout", 3.0),
     ("PG_EXPORTER_MAX_SERIES", "7", "max_series", 7),
+    ("PG_EXPORTER_BACKOFF_CEILING", "2.5", "backoff_ceiling", 2.5),
 ]
 
 
@@ -160,8 +165,8 @@ def test_empty_environment_variable_counts_as_unset(config: str) -> None:
 
 
 def test_every_documented_flag_is_in_the_table() -> None:
-    """The flag table holds exactly §1's flags plus our --max-series and
-    --web.enable-openmetrics, with their short forms."""
+    """The flag table holds exactly §1's flags plus our --max-series,
+    --web.enable-openmetrics and --backoff-ceiling, with their short forms."""
     table = {flag.name: (flag.short, flag.env) for flag in FLAGS}
     assert table == {
         "help": ("h", ""), "version": ("", ""), "url": ("u", ""),
@@ -178,6 +183,7 @@ def test_every_documented_flag_is_in_the_table() -> None:
         "namespace": ("n", "PG_EXPORTER_NAMESPACE"), "fail-fast": ("f", "PG_EXPORTER_FAIL_FAST"),
         "connect-timeout": ("T", "PG_EXPORTER_CONNECT_TIMEOUT"),
         "max-series": ("", "PG_EXPORTER_MAX_SERIES"), "dry-run": ("D", ""),
+        "backoff-ceiling": ("", "PG_EXPORTER_BACKOFF_CEILING"),
         "explain": ("E", ""), "log.level": ("", ""), "log.format": ("", ""),
     }  # fmt: skip
 
@@ -348,6 +354,9 @@ def test_connect_timeout_floor(config: str, millis: str, seconds: float) -> None
         (["--max-series", "0"], "--max-series must be greater than 0"),
         (["--max-series", "-3"], "--max-series must be greater than 0"),
         (["--max-series", "1e3"], "--max-series must be a whole number"),
+        (["--backoff-ceiling", "-1"], "--backoff-ceiling must be a number of seconds >= 0"),
+        (["--backoff-ceiling", "soon"], "--backoff-ceiling must be a number of seconds >= 0"),
+        (["--backoff-ceiling", "inf"], "--backoff-ceiling must be a number of seconds >= 0"),
         (["--log.level", "trace"], "--log.level must be one of debug, info, warn, error"),
         (["--log.format", "text"], "--log.format must be one of logfmt, json"),
         (["--namespace", "pg-x"], "'pg-x' is not a valid metric name prefix"),

@@ -78,6 +78,7 @@ def test_full_branch_becomes_frozen_collector() -> None:
           skip: false
           tags: [cluster, primary]
           max_series: 500
+          backoff_ceiling: 120
           predicate_queries:
             - {name: has_x, predicate_query: SELECT true, ttl: 60}
           metrics:
@@ -105,6 +106,7 @@ def test_full_branch_becomes_frozen_collector() -> None:
         fatal=True,
         tags=("cluster", "primary"),
         max_series=500,
+        backoff_ceiling=120.0,
         source="c.yml",
     )
 
@@ -244,6 +246,9 @@ def test_query_is_required_and_not_blank(query: str) -> None:
         ("skip", "1", "true or false"),
         ("max_series", "0", "at least 1"),
         ("max_series", "many", "expected an integer"),
+        ("backoff_ceiling", "-5", "seconds >= 0"),
+        ("backoff_ceiling", ".inf", "seconds >= 0"),
+        ("backoff_ceiling", "later", "seconds >= 0"),
     ],
 )
 def test_bad_scalar_fields(field: str, value: str, expected: str) -> None:
