@@ -23,6 +23,8 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"
     ERROR = "error"
     TOO_MANY_SERIES = "too_many_series"
+    BACKOFF = "backoff"  # not run: failed several times in a row and still waiting (D15)
+    SHED = "shed"  # not run: the breaker left it out of this pass (D16)
 
     @property
     def failed(self) -> bool:
@@ -66,7 +68,7 @@ def ttl_left(entry: Entry | None, ttl: float, now: float) -> float:
 class CollectorStats:
     """Counters for one collector on one database since start (or the last reload)."""
 
-    total: int = 0  # executions attempted plus cache hits
+    total: int = 0  # executions attempted, cache hits and passes it was held back
     hits: int = 0
     errors: int = 0
     skips: int = 0  # predicate said no
@@ -81,6 +83,8 @@ class CollectorStats:
         if outcome is Outcome.CACHED:
             self.hits += 1
             return
+        if outcome in (Outcome.BACKOFF, Outcome.SHED):
+            return  # nothing ran: the last run's figures stand
         if outcome is Outcome.SKIPPED:
             self.skips += 1
         elif outcome.failed:

@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random as _random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from exporter.backoff import Random, retry_in
+from exporter.breaker import (
+    Breaker,
+    BreakerPolicy,
+    BreakerState,
+    PassTally,
+    Shedding,
+    is_shed,
+    judge,
+)
 from exporter.budget import Budget, Interruption
 from exporter.definitions import Definitions
 from exporter.exposition import Family
@@ -73,6 +84,7 @@ def server_options(settings: Settings) -> ServerOptions:
         disable_cache=settings.disable_cache,
         max_series=settings.max_series,
         pgbouncer=settings.is_pgbouncer,
+        backoff_ceiling=settings.backoff_ceiling,
     )
 
 
@@ -85,12 +97,17 @@ class Exporter:
         definitions: Definitions,
         *,
         clock: Callable[[], float] = time.monotonic,
+        random: Random = _random.random,
+        policy: BreakerPolicy | None = None,
     ) -> None:
         self.settings = settings
         self.definitions = definitions
         self.clock = clock
+        self.random = random  # jitter of back-offs, predicates and cool-downs (D17)
         self.options = server_options(settings)
-        self.main = Server(None, self.options, definitions, is_main=True, clock=clock)
+        self.main = Server(None, self.options, definitions, is_main=True, clock=clock,
+                           random=random)  # fmt: skip
+        self.breaker = Breaker(policy or BreakerPolicy(), random)  # the target's (D16)
         self.discovered: dict[str, Server] = {}
         self.lock = asyncio.Lock()
         self.stats = PassStats()
@@ -155,24 +172,59 @@ class Exporter:
         self._apply_pending()
         start = self.clock()
         snapshot = Snapshot(families=[])
-        failed = await self._scrape_into(self.main, budget, snapshot)
+        tally = PassTally()
+        shedding = self._shedding()
+        failed = await self._scrape_into(self.main, budget, snapshot, tally, shedding)
         if self.main.up and snapshot.interrupted is None:
             await self._sync_discovered()
+            # Other databases are cut in the main plan's run order (D16).
+            reference = self.main.plan.planned if self.main.plan else None
+            shedding = replace(shedding, reference=reference)
             for server in self.servers[1:]:
-                failed |= await self._scrape_into(server, budget, snapshot)
+                failed |= await self._scrape_into(server, budget, snapshot, tally, shedding)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
         snapshot.interrupted = snapshot.interrupted or budget.interruption()
         self._account(start, failed=failed, interrupted=snapshot.interrupted)
+        self._judge(tally, snapshot.interrupted)
         return snapshot
 
     @staticmethod
-    async def _scrape_into(server: Server, budget: Budget, snapshot: Snapshot) -> bool:
+    async def _scrape_into(
+        server: Server, budget: Budget, snapshot: Snapshot, tally: PassTally, shedding: Shedding
+    ) -> bool:
         """Add one database's families to the snapshot; True when it failed."""
-        result = await server.scrape(budget)
+        result = await server.scrape(budget, shedding)
         snapshot.families.extend(result.families)
         snapshot.interrupted = snapshot.interrupted or result.interrupted
+        tally.add(result.tally)
         return bool(result.error)
+
+    def _shedding(self) -> Shedding:
+        """What this pass sheds; a degraded breaker whose cool-down is over probes (D16)."""
+        if self.breaker.begin(self.clock()):
+            self._log_breaker()
+        return Shedding(self.breaker.level, self.breaker.policy.levels)
+
+    def _judge(self, tally: PassTally, interrupted: Interruption | None) -> None:
+        """Tell the breaker what the pass showed; log a change of state once (D16)."""
+        verdict, reason = judge(tally, interrupted=interrupted, policy=self.breaker.policy)
+        if self.breaker.observe(verdict, reason, self.clock()):
+            self._log_breaker()
+
+    def _log_breaker(self) -> None:
+        breaker = self.breaker
+        plan = self.main.plan.planned if self.main.plan else ()
+        cut = Shedding(breaker.level, breaker.policy.levels).cut(plan)
+        shed = [c.key for c in plan if is_shed(c, cut)]
+        level = logging.WARNING if breaker.state is BreakerState.DEGRADED else logging.INFO
+        log.log(
+            level,
+            "target breaker %s",
+            breaker.describe(self.clock()),
+            extra={"state": breaker.state.value, "shed_level": breaker.level,
+                   "shed": ",".join(shed) or "-"},
+        )  # fmt: skip
 
     def _account(self, start: float, *, failed: bool, interrupted: Interruption | None) -> None:
         self.stats.scrapes += 1
@@ -207,7 +259,12 @@ class Exporter:
         for name in wanted - set(self.discovered):
             log.info("database discovered", extra={"datname": name})
             self.discovered[name] = Server(
-                name, self.options, self.definitions, is_main=False, clock=self.clock
+                name,
+                self.options,
+                self.definitions,
+                is_main=False,
+                clock=self.clock,
+                random=self.random,
             )
 
     async def close(self, grace: float = SHUTDOWN_GRACE) -> None:
@@ -243,12 +300,30 @@ class Exporter:
             parts.append("a reloaded config applies from the next pass; below, the running one\n")
         if not self.main.up and self.stats.scrapes:
             parts.append("pg_up was 0 at the last pass; these plans are from before\n")
+        parts.append(self.degradation_text())
         for server in self.servers:
             if server.plan is None:
                 parts.append(f"database {server.label}: not planned yet (the next pass plans it)\n")
             else:
                 parts.append(explain_text(server.plan))
         return "\n".join(parts)
+
+    def degradation_text(self) -> str:
+        """The breaker's state, and what the last pass shed or held back, for ``/explain``."""
+        now = self.clock()
+        lines = [f"breaker: {self.breaker.describe(now)}"]
+        for server in self.servers:
+            if server.shed:
+                lines.append(f"  shed on {server.label}: {', '.join(server.shed)}")
+            waiting = [
+                f"{key} ({backoff.failures} failures in a row, next try in "
+                f"{retry_in(backoff, now):.0f}s)"
+                for key, backoff in sorted(server.backoffs.items())
+                if backoff.backing_off
+            ]
+            if waiting:
+                lines.append(f"  backing off on {server.label}: {', '.join(waiting)}")
+        return "\n".join(lines) + "\n"
 
     async def explain(self, budget: Budget) -> str:
         """The plan of every database, refreshing facts first, within ``budget`` (``--explain``).

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from exporter import __version__
 from exporter.admission import Admission
+from exporter.backoff import CollectorState
+from exporter.breaker import BreakerState
 from exporter.collection import Exporter
 from exporter.exposition import Family, make_family
 from exporter.server import Server
@@ -44,6 +46,7 @@ class SelfMetrics:
             *self.exporter(exporter),
             *self.per_server(exporter),
             *self.per_query(rows),
+            *self.degradation(exporter),
             *self.requests(admission),
             self.outcomes(rows),
         ]
@@ -196,6 +199,9 @@ class SelfMetrics:
             "scrape_predicate_skip_count": "executions skipped by a predicate query",
             "scrape_duration": "seconds the collector's last execution took",
             "scrape_metric_count": "series the collector's last execution produced",
+            "backoff_seconds": "seconds until the collector, failing in a row, may run again",
+            "consecutive_failures": "failures in a row of the collector (0 after a success)",
+            "shed": "1 when the breaker left the collector out of the last pass",
         }
         samples: dict[str, Samples] = {name: [] for name in names}
         for row in rows:
@@ -210,6 +216,9 @@ class SelfMetrics:
                 "scrape_predicate_skip_count": row.skips,
                 "scrape_duration": row.last_duration,
                 "scrape_metric_count": row.series,
+                "backoff_seconds": row.retry_in,
+                "consecutive_failures": row.failures,
+                "shed": _b(row.state is CollectorState.SHED),
             }
             for name, value in values.items():
                 samples[name].append((labels, float(value)))
@@ -217,6 +226,27 @@ class SelfMetrics:
             self._family(f"exporter_query_{name}", "gauge", help_, samples[name])
             for name, help_ in names.items()
         ]
+
+    def degradation(self, exporter: Exporter) -> list[Family]:
+        """The target's breaker: its state, shedding level and trips (D16)."""
+        breaker = exporter.breaker
+        states: Samples = [
+            ((("state", state.value),), _b(breaker.state is state)) for state in BreakerState
+        ]
+        shed = sum(len(server.shed) for server in exporter.servers)
+        return [
+            self._family("exporter_breaker_state", "gauge",
+                         "1 for the state the target's breaker is in", states),
+            self._single("exporter_breaker_level", "gauge",
+                         "shedding level: 0 runs every collector, each level sheds a third more",
+                         float(breaker.level)),
+            self._single("exporter_breaker_trips_total", "counter",
+                         "times the breaker left its normal state since start",
+                         float(breaker.trips)),
+            self._single("exporter_breaker_shed_collectors", "gauge",
+                         "collectors, over all databases, the breaker left out of the last pass",
+                         float(shed)),
+        ]  # fmt: skip
 
 
 def _b(flag: bool) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import random as _random
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -20,6 +21,16 @@ import psycopg
 from psycopg import errors as pgerrors
 
 from exporter import postgres
+from exporter.backoff import (
+    DEFAULT_CEILING,
+    PERIOD_JITTER,
+    Backoff,
+    Random,
+    after_failure,
+    ceiling_for,
+    spread,
+)
+from exporter.breaker import NO_SHEDDING, PassTally, Shedding, distress_of, is_shed
 from exporter.budget import Budget, Interruption, until_request_ends
 from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
 from exporter.definitions import Collector, Definitions, Predicate
@@ -57,6 +68,7 @@ class ServerOptions:
     disable_cache: bool
     max_series: int
     pgbouncer: bool = False  # the target is pgBouncer's admin console (D4)
+    backoff_ceiling: float = DEFAULT_CEILING  # seconds (D15)
 
 
 @dataclass(slots=True)
@@ -66,6 +78,7 @@ class ServerResult:
     families: list[Family] = field(default_factory=list)
     error: str = ""  # connection/preflight or fatal collector failure
     interrupted: Interruption | None = None  # when the request stopped the walk
+    tally: PassTally = field(default_factory=PassTally)  # for the breaker (D16)
 
 
 class Server:
@@ -79,19 +92,24 @@ class Server:
         *,
         is_main: bool,
         clock: Callable[[], float] = time.monotonic,
+        random: Random = _random.random,
     ) -> None:
         self.datname = datname  # None: whatever the URL names
         self.options = options
         self.definitions = definitions
         self.is_main = is_main
         self.clock = clock
+        self.random = random  # back-off and predicate jitter (D15, D17)
         self.conn: Conn | None = None
         self.facts: ServerFacts | None = None
         self.databases: tuple[str, ...] = ()
         self.plan: Plan | None = None
         self.entries: dict[str, Entry] = {}
-        self.predicates: dict[tuple[str, str], tuple[bool, float]] = {}
+        # (collector, predicate) -> (answer, when asked, jittered ttl)
+        self.predicates: dict[tuple[str, str], tuple[bool, float, float]] = {}
         self.stats: dict[str, CollectorStats] = {}
+        self.backoffs: dict[str, Backoff] = {}  # collectors whose last run(s) failed (D15)
+        self.shed: tuple[str, ...] = ()  # branch keys the breaker left out at the last pass
         self.up = False
         self.scrape_count = 0
         self.error_count = 0
@@ -140,16 +158,18 @@ class Server:
         conn, self.conn = self.conn, None
         await postgres.close_quietly(conn)
 
-    async def scrape(self, budget: Budget) -> ServerResult:
-        """Walk this database's planned collectors, serving fresh caches (B6, B10)."""
+    async def scrape(self, budget: Budget, shedding: Shedding = NO_SHEDDING) -> ServerResult:
+        """Walk this database's planned collectors, serving fresh caches (B6, B10) and
+        leaving out what ``shedding`` sheds (D16)."""
         start = self.clock()
         result = ServerResult()
         try:
             result.interrupted = budget.interruption()
             if result.interrupted is None:
-                await self._scrape_prepared(budget, result)
+                await self._scrape_prepared(budget, result, shedding)
         except (psycopg.Error, OSError) as exc:
             result.error = f"database {self.label or '?'}: {exc}"
+            result.tally.distress = distress_of(exc)
             self.up = False
         except FatalCollectorFailed as exc:
             result.error = str(exc)
@@ -174,7 +194,9 @@ class Server:
             await self.disconnect()  # cancelled mid-connect or mid-preflight: start clean
             raise
 
-    async def _scrape_prepared(self, budget: Budget, result: ServerResult) -> None:
+    async def _scrape_prepared(
+        self, budget: Budget, result: ServerResult, shedding: Shedding
+    ) -> None:
         try:
             await self.prepare_within(budget)  # B9
         except RequestEnded as ended:
@@ -182,29 +204,45 @@ class Server:
             return
         self.up = True
         assert self.plan is not None
+        cut = shedding.cut(self.plan.planned)
+        self.shed = ()
         for collector in self.plan.planned:
             result.interrupted = budget.interruption()  # B10
             if result.interrupted is not None:
                 return
-            entry = await self.collect(collector, budget)
+            shed = is_shed(collector, cut)
+            entry = await self.collect(collector, budget, result.tally, shed=shed)
             result.families.extend(entry.families)
+        self.shed = tuple(result.tally.shed)
 
-    async def collect(self, collector: Collector, budget: Budget) -> Entry:
+    async def collect(
+        self, collector: Collector, budget: Budget, tally: PassTally, *, shed: bool = False
+    ) -> Entry:
         """The collector's fresh cached result, or a new one (raises FatalCollectorFailed).
 
         A failure is cached like a result (B14), so a fatal failure keeps the database
-        down for the collector's TTL instead of being re-run by every scrape.
+        down for the collector's TTL instead of being re-run by every scrape. A collector
+        in back-off (D15) or shed (D16) runs nothing and publishes nothing.
         """
         stats = self.stats.setdefault(collector.key, CollectorStats())
         entry = self.entries.get(collector.key)
         now = self.clock()
-        if is_fresh(entry, collector.ttl, now, disable_cache=self.options.disable_cache):
-            assert entry is not None
+        held = self._held_back(collector, entry, now, shed=shed)
+        if held is Outcome.CACHED and entry is not None:
             stats.record(Outcome.CACHED)
+        elif held is not None:
+            stats.record(held)
+            if held is Outcome.SHED:
+                tally.shed.append(collector.key)
+            return Entry((), held, now, 0.0)
         else:
             entry = await self.refresh(collector, budget)
             stats.record(entry.outcome, duration=entry.duration, series=entry.series)
-            if self.conn is None:  # the connection died under this collector (D7, D8)
+            tally.executed += 1
+            tally.timeouts += entry.outcome is Outcome.TIMEOUT
+            lost = self.conn is None  # the connection died under this collector (D7, D8)
+            self._remember(collector, entry, lost=lost)
+            if lost:
                 self._lost(collector, entry)
             self.entries[collector.key] = entry
             # Cancelled means the request ended: logged at INFO above, not an error (B18).
@@ -219,6 +257,45 @@ class Server:
                 f"fatal collector {collector.key} failed on {self.label}: {entry.error}"
             )
         return entry
+
+    def _held_back(
+        self, collector: Collector, entry: Entry | None, now: float, *, shed: bool
+    ) -> Outcome | None:
+        """Why the collector does not run now: CACHED within its TTL (B6, B14), BACKOFF
+        while failures in a row make it wait (D15), SHED when the breaker left it out
+        (D16); None when it runs."""
+        if is_fresh(entry, collector.ttl, now, disable_cache=self.options.disable_cache):
+            return Outcome.CACHED
+        backoff = self.backoffs.get(collector.key)
+        if backoff is not None and backoff.backing_off and now < backoff.retry_at:
+            return Outcome.BACKOFF
+        return Outcome.SHED if shed else None
+
+    def _remember(self, collector: Collector, entry: Entry, *, lost: bool) -> None:
+        """Count one more failure in a row, or clear the count after a success (D15).
+
+        A run cut short with its request, or failed with its connection, is no verdict
+        on the collector and changes nothing.
+        """
+        if entry.outcome is Outcome.CANCELLED or (lost and entry.outcome is Outcome.ERROR):
+            return
+        previous = self.backoffs.pop(collector.key, Backoff())
+        where = {"collector": collector.key, "datname": self.label}
+        if not entry.outcome.failed:
+            if previous.backing_off:
+                log.info("collector recovered after %d failures in a row", previous.failures,
+                         extra=where)  # fmt: skip
+            return
+        ttl = 0.0 if self.options.disable_cache else collector.ttl
+        ceiling = ceiling_for(collector, self.options.backoff_ceiling)
+        backoff = after_failure(previous, entry.finished_at, ttl, ceiling, self.random)
+        self.backoffs[collector.key] = backoff
+        if backoff.backing_off and not previous.backing_off:
+            log.warning(
+                "collector backing off after %d failures in a row: next try in %.1fs, "
+                "then up to twice as long after each failure, at most %gs",
+                backoff.failures, backoff.wait, ceiling, extra=where,
+            )  # fmt: skip
 
     def _lost(self, collector: Collector, entry: Entry) -> NoReturn:
         """Stop this database's pass: the collectors after this one have no connection.
@@ -325,13 +402,13 @@ class Server:
         key = (collector.key, p.name)
         cached = self.predicates.get(key)
         now = self.clock()
-        fresh = fresh_since(
-            cached[1] if cached else None, p.ttl, now, disable_cache=self.options.disable_cache
-        )
-        if cached is not None and fresh:
-            return cached[0]
+        if cached is not None:
+            answer, asked_at, ttl = cached
+            if fresh_since(asked_at, ttl, now, disable_cache=self.options.disable_cache):
+                return answer
         value = await postgres.run_predicate(cur, p)
-        self.predicates[key] = (value, self.clock())
+        # Answers cached together come due apart, not all in one pass (D17).
+        self.predicates[key] = (value, self.clock(), spread(p.ttl, PERIOD_JITTER, self.random))
         return value
 
     def use(self, definitions: Definitions) -> None:
@@ -342,6 +419,8 @@ class Server:
         self.entries.clear()
         self.predicates.clear()
         self.stats.clear()
+        self.backoffs.clear()
+        self.shed = ()
 
 
 def _timeout_message(collector: Collector, exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from exporter.backoff import CollectorState, retry_in
 from exporter.cache import Outcome, ttl_left
 from exporter.collection import Exporter
 from exporter.server import Server
@@ -33,6 +34,14 @@ class CollectorRow:
     ttl: float = 0.0
     ttl_left: float = 0.0
     outcomes: dict[Outcome, int] = field(default_factory=dict)
+    state: CollectorState = CollectorState.NORMAL  # shed, else backoff, if any branch is
+    failures: int = 0  # failures in a row (D15)
+    retry_in: float = 0.0  # seconds until a collector in back-off may run again
+
+
+def _worse(a: CollectorState, b: CollectorState) -> CollectorState:
+    order = (CollectorState.NORMAL, CollectorState.BACKOFF, CollectorState.SHED)
+    return max(a, b, key=order.index)
 
 
 def collector_rows(servers: Iterable[Server], now: float) -> list[CollectorRow]:
@@ -51,6 +60,7 @@ def collector_rows(servers: Iterable[Server], now: float) -> list[CollectorRow]:
             row.ttl = max(row.ttl, collector.ttl)
             entry = server.entries.get(collector.key)
             row.ttl_left = max(row.ttl_left, ttl_left(entry, collector.ttl, now))
+            _add_state(row, server, collector.key, now)
             stats = server.stats.get(collector.key)
             if stats is None:
                 continue
@@ -66,6 +76,18 @@ def collector_rows(servers: Iterable[Server], now: float) -> list[CollectorRow]:
     return rows
 
 
+def _add_state(row: CollectorRow, server: Server, key: str, now: float) -> None:
+    """Fold one branch's back-off (D15) and shedding (D16) into its row."""
+    backoff = server.backoffs.get(key)
+    if backoff is not None:
+        row.failures = max(row.failures, backoff.failures)
+        row.retry_in = max(row.retry_in, retry_in(backoff, now))
+        if backoff.backing_off:
+            row.state = _worse(row.state, CollectorState.BACKOFF)
+    if key in server.shed:
+        row.state = CollectorState.SHED
+
+
 _HEADER = (
     "datname",
     "query",
@@ -77,6 +99,9 @@ _HEADER = (
     "ttl",
     "ttl_left",
     "last_duration",
+    "state",
+    "fails",
+    "retry_in",
     "outcomes",
     "branch",
 )
@@ -99,6 +124,9 @@ def stat_text(exporter: Exporter) -> str:
                 f"{row.ttl:g}",
                 f"{row.ttl_left:.1f}",
                 f"{row.last_duration:.4f}" if row.ran else "-",
+                row.state.value,
+                str(row.failures),
+                f"{row.retry_in:.1f}",
                 outcomes or "-",
                 ",".join(row.branches),
             )

@@ -51,3 +51,17 @@ def test_stats_classify_outcomes() -> None:
     assert stats.outcomes[Outcome.TIMEOUT] == 1
     assert stats.last_duration == 0.5
     assert stats.series == 0
+
+
+def test_held_back_collectors_are_counted_but_keep_their_last_figures() -> None:
+    """A collector held back by its back-off or shed by the breaker is one more visit with
+    its own outcome, neither a hit nor an error; its last run's figures stand (D10, D15,
+    D16)."""
+    stats = CollectorStats()
+    stats.record(Outcome.OK, duration=0.2, series=7)
+    stats.record(Outcome.BACKOFF)
+    stats.record(Outcome.SHED)
+    assert (stats.total, stats.hits, stats.errors) == (3, 0, 0)
+    assert (stats.outcomes[Outcome.BACKOFF], stats.outcomes[Outcome.SHED]) == (1, 1)
+    assert (stats.series, stats.last_duration) == (7, 0.2)
+    assert (Outcome.BACKOFF.failed, Outcome.SHED.failed) == (False, False)
