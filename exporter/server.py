@@ -205,15 +205,16 @@ class Server:
         self.up = True
         assert self.plan is not None
         cut = shedding.cut(self.plan.planned)
-        self.shed = ()
-        for collector in self.plan.planned:
-            result.interrupted = budget.interruption()  # B10
-            if result.interrupted is not None:
-                return
-            shed = is_shed(collector, cut)
-            entry = await self.collect(collector, budget, result.tally, shed=shed)
-            result.families.extend(entry.families)
-        self.shed = tuple(result.tally.shed)
+        try:
+            for collector in self.plan.planned:
+                result.interrupted = budget.interruption()  # B10
+                if result.interrupted is not None:
+                    return
+                shed = is_shed(collector, cut)
+                entry = await self.collect(collector, budget, result.tally, shed=shed)
+                result.families.extend(entry.families)
+        finally:  # what this pass shed, also when it stopped early (/stat, /explain)
+            self.shed = tuple(result.tally.shed)
 
     async def collect(
         self, collector: Collector, budget: Budget, tally: PassTally, *, shed: bool = False
