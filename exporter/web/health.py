@@ -1,12 +1,8 @@
-"""Health and traffic routing: a background probe keeps a snapshot that handlers only read.
+"""Health and traffic routing: handlers answer from the probe's snapshot, never the database.
 
 Load balancers poll these endpoints often and act on the answer at once, so no
-handler ever waits on the database. One probe task, on its own connection, asks
-the server within the connect timeout and publishes an immutable snapshot; a hung
-server costs the probe its deadline, never a handler. It asks once a second while
-the target is steady and every 100 ms while it may be changing role (see
-:mod:`exporter.web.pace`); between probes it watches its idle connection, which
-the server only writes to when it closes it, so a shutdown wakes it at once.
+handler ever waits on the database: :mod:`exporter.web.probe` keeps what the
+target is, and the handlers only read it.
 """
 
 from __future__ import annotations
@@ -14,64 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
-import psycopg
 from aiohttp import web
 
-from exporter import postgres
 from exporter.settings import Settings
-from exporter.web.pace import FAST_INTERVAL, SLOW_INTERVAL, Pace
+from exporter.web.probe import PROBE_INTERVAL, HealthProbe, Status
 
-log = logging.getLogger(__name__)
-
-Conn = psycopg.AsyncConnection[tuple[object, ...]]
-Connector = Callable[[str, float], Awaitable[Conn]]
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
-
-PROBE_INTERVAL = SLOW_INTERVAL  # seconds between the starts of two probes, when steady
-ABANDON_LIMIT = 1.0  # seconds spent at most unwinding a probe that missed its deadline
-STALE_PERIODS = 3  # a failure older than this many probe periods is no longer repeated
-# A role (primary, replica) is announced for at most this long after the probe that saw
-# it, beyond the slow interval, whatever the connect timeout: a server that takes longer
-# to say what it is reads as unknown (503), so a hung primary is not routed writes.
-ROLE_TRUST_MARGIN = 1.0
-# How long a reading the target cannot stay in keeps the probe quick. Down or starting:
-# connection attempts, which cost the server little or nothing, long enough to see a
-# restart that Patroni (its loop runs every 10 s by default) makes. A replica without
-# upstream: queries, for as long as an HA manager takes to promote it after a planned
-# switchover or a clean shutdown of the primary.
-OUTAGE_HOLD = 10.0
-NO_UPSTREAM_HOLD = 3.0
-# On a replica the probe also asks whether its WAL receiver streams: a replica that lost
-# its upstream is about to be promoted or to reconnect, so the probe quickens. coalesce:
-# a role without pg_read_all_stats sees the receiver's row but not its status.
-PROBE_SQL = (
-    "SELECT pg_is_in_recovery(), "
-    "(SELECT coalesce(status = 'streaming', true) FROM pg_stat_wal_receiver)"
-)
-# libpq reports no SQLSTATE when the server refuses a connection, so 57P03 is
-# recognised by the server's (English) message; every 57P03 text starts like this.
-CANNOT_CONNECT_NOW = "57P03"
-_CANNOT_CONNECT_NOW_TEXT = "the database system is "
-
-
-class Status(enum.Enum):
-    """What the target is, as the health endpoints say it."""
-
-    PRIMARY = "primary"
-    REPLICA = "replica"
-    STARTING = "starting"
-    DOWN = "down"
-    UNKNOWN = "unknown"
-
-    @property
-    def is_up(self) -> bool:
-        """True when the target answers queries (pgBouncer counts as a primary)."""
-        return self in (Status.PRIMARY, Status.REPLICA)
 
 
 class Want(enum.Enum):
@@ -95,38 +41,6 @@ HEALTH_PATHS = tuple(ROUTES)
 _HEADERS = {"Cache-Control": "no-store"}
 
 
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """What one probe saw, as far as its pace cares."""
-
-    status: Status
-    streaming: bool | None = None  # a replica's WAL receiver streams; None for other roles
-
-    @property
-    def hold(self) -> float | None:
-        """None for a state the target can stay in (a primary, a streaming replica), else
-        how long this reading keeps the probe quick."""
-        if self.status is Status.PRIMARY:
-            return None
-        if self.status is Status.REPLICA:
-            return NO_UPSTREAM_HOLD if self.streaming is False else None
-        return OUTAGE_HOLD
-
-    def __str__(self) -> str:
-        if self.status is Status.REPLICA and self.streaming is False:
-            return "replica not streaming"
-        return self.status.value
-
-
-@dataclass(frozen=True, slots=True)
-class HealthSnapshot:
-    """The outcome of one probe."""
-
-    status: Status
-    checked_at: float  # the probe's clock when the outcome was known
-    error: str = ""  # why the target is not up; empty when it is
-
-
 def answer(want: Want, status: Status) -> int:
     """HTTP status of a routing endpoint: 200 match, 404 up in the other role, 503 not up."""
     if not status.is_up:
@@ -134,224 +48,6 @@ def answer(want: Want, status: Status) -> int:
     if want is Want.UP or want.value == status.value:
         return 200
     return 404
-
-
-def classify(exc: BaseException) -> Status:
-    """STARTING for SQLSTATE 57P03 (starting, recovering, shutting down), else DOWN."""
-    if getattr(exc, "sqlstate", None) == CANNOT_CONNECT_NOW:
-        return Status.STARTING
-    if isinstance(exc, psycopg.Error) and _CANNOT_CONNECT_NOW_TEXT in str(exc):
-        return Status.STARTING
-    return Status.DOWN
-
-
-class HealthProbe:
-    """Probes one target on one connection, at the pace's interval, and keeps the snapshot."""
-
-    def __init__(
-        self,
-        url: str,
-        connect_timeout: float,
-        *,
-        interval: float = PROBE_INTERVAL,
-        fast_interval: float = FAST_INTERVAL,
-        pgbouncer: bool = False,
-        clock: Callable[[], float] = time.monotonic,
-        connector: Connector = postgres.connect,
-    ) -> None:
-        if connect_timeout <= 0 or interval <= 0 or fast_interval <= 0:
-            raise ValueError("connect_timeout and the intervals must be positive")
-        self.connect_timeout = connect_timeout
-        self.interval = interval
-        self.pace = Pace(interval, fast_interval)
-        self.pgbouncer = pgbouncer
-        # pgBouncer's console speaks only the simple protocol and has no functions.
-        self.sql = "SHOW VERSION" if pgbouncer else PROBE_SQL
-        self.trust_role_for = interval + ROLE_TRUST_MARGIN
-        self.stale_after = STALE_PERIODS * (interval + connect_timeout) + ABANDON_LIMIT
-        self._conninfo = postgres.conninfo_for(url, None, connect_timeout)
-        self._clock = clock
-        self._connector = connector
-        self._conn: Conn | None = None
-        self._wake = asyncio.Event()  # set when something suggests probing now
-        self.snapshot = HealthSnapshot(Status.UNKNOWN, clock(), "not probed yet")
-        self.reading = Reading(Status.UNKNOWN)  # what the last probe saw
-
-    def current(self) -> HealthSnapshot:
-        """The snapshot, or UNKNOWN once it is too old to repeat.
-
-        A role expires ``trust_role_for`` after the probe that saw it (2 s by default),
-        so neither a hung server nor a stalled probe keeps a primary routed; a failure
-        (503 anyway) is repeated for longer, until the probe has clearly stopped.
-        """
-        age = self._clock() - self.snapshot.checked_at
-        limit = self.trust_role_for if self.snapshot.status.is_up else self.stale_after
-        if age <= limit:
-            return self.snapshot
-        return HealthSnapshot(Status.UNKNOWN, self.snapshot.checked_at, f"no answer for {age:.1f}s")
-
-    def suggest(self, reason: str) -> None:
-        """Something outside the probe suggests a change: probe now, then quickly."""
-        self.pace.suggest(reason, self._clock())
-        self._wake.set()
-
-    def recovery_seen(self, in_recovery: bool) -> None:
-        """The collection pass read the target's recovery state; a different role wakes us."""
-        seen = Status.REPLICA if in_recovery else Status.PRIMARY
-        if self.snapshot.status is not seen:
-            self.suggest(f"a scrape saw a {seen.value}")
-
-    async def run(self) -> None:
-        """Probe at the pace's interval until cancelled; probes never overlap."""
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            await self.probe_once()
-            await self._pause(self.pace.interval(self._clock()) - (loop.time() - started))
-
-    async def probe_once(self) -> HealthSnapshot:
-        """Ask the target once, within the connect timeout, and publish the outcome."""
-        self._wake.clear()  # a suggestion from here on calls for another probe
-        started = self._clock()
-        task = asyncio.create_task(self._ask(), name="health probe query")
-        try:
-            done, _ = await asyncio.wait({task}, timeout=self.connect_timeout)
-            if task in done:
-                reading, error = _outcome(task)
-            else:
-                reading, error = Reading(Status.DOWN), f"no answer within {self.connect_timeout:g}s"
-            self.reading = reading
-            self._publish(reading.status, error)
-            self._pace(reading, took=self._clock() - started)
-        finally:
-            if not task.done():
-                await _abandon(task)
-            elif not task.cancelled():
-                task.exception()  # cancelled meanwhile: its outcome is dropped, not reported
-        return self.snapshot
-
-    async def _pause(self, seconds: float) -> None:
-        """Wait ``seconds``, or less when a suggestion comes or the idle connection stirs.
-
-        The server writes to an idle connection only to end it (shutdown, crash,
-        termination), so its socket turning readable is the earliest sign of a change.
-        """
-        if seconds <= 0 or self._wake.is_set():
-            return
-        loop = asyncio.get_running_loop()
-        fd = self._idle_socket()
-        if fd is not None:
-            loop.add_reader(fd, self._stirred)
-        try:
-            async with asyncio.timeout(seconds):
-                await self._wake.wait()
-        except TimeoutError:
-            pass
-        finally:
-            if fd is not None:
-                loop.remove_reader(fd)
-
-    def _idle_socket(self) -> int | None:
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            return None
-        return conn.fileno()
-
-    def _stirred(self) -> None:
-        if not self._wake.is_set():
-            self.suggest("the server wrote to the idle probe connection")
-
-    async def close(self) -> None:
-        """Close the probe's connection."""
-        conn, self._conn = self._conn, None
-        await postgres.close_quietly(conn)
-
-    async def _ask(self) -> Reading:
-        """One question, on the kept connection or a new one; any failure drops it."""
-        try:
-            conn = self._conn
-            if conn is not None and not conn.closed and not conn.broken:
-                try:
-                    return await self._query(conn)
-                except psycopg.Error as exc:  # e.g. the server restarted: try a fresh one
-                    log.debug("health probe connection failed, reconnecting: %s", exc)
-                    await self.close()
-            self._conn = await self._connector(self._conninfo, self.connect_timeout)
-            return await self._query(self._conn)
-        except BaseException:
-            await self.close()
-            raise
-
-    async def _query(self, conn: Conn) -> Reading:
-        cur = await conn.execute(self.sql, prepare=False)
-        if self.pgbouncer:
-            return Reading(Status.PRIMARY)  # any answer from the console means it is up
-        row = await cur.fetchone()
-        if row is None or row[0] is not True:
-            return Reading(Status.PRIMARY)
-        return Reading(Status.REPLICA, streaming=row[1] is True)
-
-    def _pace(self, reading: Reading, took: float) -> None:
-        """Tell the pace what this probe saw; log the end of a fast spell with its cost."""
-        up = reading.status.is_up
-        spell = self.pace.observe(reading, self._clock(), hold=reading.hold, answered=up, took=took)
-        if spell is None:
-            return
-        seconds = self._clock() - spell.started
-        extra = spell.answered - seconds / self.interval  # beyond what the slow pace sends
-        log.info(
-            "health probe back to its %gs pace",
-            self.interval,
-            extra={
-                "reason": spell.reason,
-                "seconds": round(seconds, 2),
-                "probes": spell.probes,
-                "queries": spell.answered,
-                "extra_queries": max(0, round(extra)),
-            },
-        )
-
-    def _publish(self, status: Status, error: str) -> None:
-        old = self.snapshot.status
-        self.snapshot = HealthSnapshot(status, self._clock(), error)
-        if status is not old:
-            level = logging.INFO if status.is_up or old is Status.UNKNOWN else logging.WARNING
-            log.log(level, "health status changed", extra=_change(old, status, error))
-
-
-def _change(old: Status, new: Status, error: str) -> dict[str, str]:
-    fields = {"from": old.value, "to": new.value}
-    return fields | {"reason": error} if error else fields
-
-
-def _outcome(task: asyncio.Task[Reading]) -> tuple[Reading, str]:
-    exc = task.exception()
-    if exc is None:
-        return task.result(), ""
-    if not isinstance(exc, psycopg.Error):
-        log.warning("health probe failed unexpectedly", exc_info=exc)
-    return Reading(classify(exc)), _first_line(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
-
-
-async def _abandon(task: asyncio.Task[Reading]) -> None:
-    """Unwind a probe that missed its deadline without waiting on the server.
-
-    psycopg answers the first cancellation of a running query by asking the
-    server to cancel it and waiting for that, which against a hung server takes
-    seconds; a further cancellation makes it close the connection at once.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ABANDON_LIMIT
-    while not task.done() and loop.time() < deadline:
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.01)
-    if not task.done():  # pragma: no cover - psycopg always yields to a repeated cancel
-        log.warning("health probe did not stop within %gs; leaving it behind", ABANDON_LIMIT)
 
 
 HEALTH_PROBE = web.AppKey("health_probe", HealthProbe)

@@ -17,7 +17,7 @@ from pathlib import Path
 from exporter.definitions import Definitions
 from exporter.loading import load_definitions
 from exporter.settings import Settings
-from exporter.web.health import PROBE_SQL
+from exporter.web.probe import PROBE_SQL
 from rigs.localpg import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,11 +26,10 @@ from exporter.web.health import (
     REPLICA_PATHS,
     ROUTES,
     UP_PATHS,
-    HealthProbe,
-    Status,
     health_context,
     health_handler,
 )
+from exporter.web.probe import HealthProbe, Status
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster, pg18_bindir
 

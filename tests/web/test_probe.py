@@ -1,0 +1,367 @@
+"""The health probe without PostgreSQL: statuses, deadlines, pace and trust in its answers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import cast
+
+import psycopg
+import pytest
+
+from exporter.web.pace import FAST_INTERVAL
+from exporter.web.probe import (
+    NO_UPSTREAM_HOLD,
+    OUTAGE_HOLD,
+    Conn,
+    HealthProbe,
+    HealthSnapshot,
+    Reading,
+    Status,
+    classify,
+)
+from tests.clock import FakeClock
+
+URL = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
+
+
+class _Coded(Exception):
+    sqlstate = "57P03"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (_Coded("cannot connect now"), Status.STARTING),
+        (psycopg.OperationalError("FATAL:  the database system is starting up"), Status.STARTING),
+        (
+            psycopg.OperationalError("FATAL:  the database system is in recovery mode"),
+            Status.STARTING,
+        ),
+        (psycopg.OperationalError("FATAL:  sorry, too many clients already"), Status.DOWN),
+        (psycopg.OperationalError("Connection refused"), Status.DOWN),
+        (TimeoutError(), Status.DOWN),
+        (RuntimeError("the database system is starting up"), Status.DOWN),
+    ],
+)
+def test_classify_maps_57p03_to_starting(exc: BaseException, status: Status) -> None:
+    """SQLSTATE 57P03, by code or by the server's message, is STARTING; the rest is DOWN."""
+    assert classify(exc) == status
+
+
+def test_a_role_expires_soon_after_the_probe_that_saw_it() -> None:
+    """A primary is announced for at most the slow interval plus a second after the probe
+    that saw it, however long the connect timeout: a hung server is not routed writes."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 5.0, interval=1.0, clock=clock)
+    assert probe.trust_role_for == 2.0
+    probe.snapshot = HealthSnapshot(Status.PRIMARY, clock.now)
+    clock.advance(probe.trust_role_for)
+    assert probe.current().status is Status.PRIMARY
+    clock.advance(0.01)
+    stale = probe.current()
+    assert stale.status is Status.UNKNOWN
+    assert stale.checked_at == probe.snapshot.checked_at
+    assert "no answer for 2.0s" in stale.error
+
+
+def test_a_failure_is_repeated_until_the_probe_has_clearly_stopped() -> None:
+    """A down answer (503 either way) outlives a role: probes into a hang take the whole
+    connect timeout, and the word stays 'down' between them; after a few periods without
+    any probe it turns to unknown."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 5.0, interval=1.0, clock=clock)
+    probe.snapshot = HealthSnapshot(Status.DOWN, clock.now, "no answer within 5s")
+    clock.advance(probe.connect_timeout + probe.interval)
+    assert probe.current().status is Status.DOWN
+    clock.advance(probe.stale_after)
+    assert probe.current().status is Status.UNKNOWN
+
+
+def test_probe_rejects_nonpositive_timings() -> None:
+    """A zero interval or timeout would spin or never bound the probe."""
+    with pytest.raises(ValueError, match="positive"):
+        HealthProbe(URL, 0.0)
+    with pytest.raises(ValueError, match="positive"):
+        HealthProbe(URL, 1.0, interval=0.0)
+    with pytest.raises(ValueError, match="positive"):
+        HealthProbe(URL, 1.0, fast_interval=0.0)
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    """Poll ``check`` until it holds; fail after five seconds."""
+    async with asyncio.timeout(5.0):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.01)
+
+
+def _error_response(sqlstate: str, message: str) -> bytes:
+    fields = [("S", "FATAL"), ("V", "FATAL"), ("C", sqlstate), ("M", message)]
+    body = b"".join(k.encode() + v.encode() + b"\0" for k, v in fields) + b"\0"
+    return b"E" + struct.pack("!I", len(body) + 4) + body
+
+
+Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def _listener(reply: Reply) -> AsyncIterator[str]:
+    """A local TCP server running ``reply`` per connection; yields a URL that reaches it."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reply(reader, writer)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"postgresql://monitor@127.0.0.1:{port}/postgres?sslmode=disable"
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+
+
+async def _refuse_starting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer a startup packet the way a starting server does (SQLSTATE 57P03)."""
+    (length,) = struct.unpack("!I", await reader.readexactly(4))
+    await reader.readexactly(length - 4)
+    writer.write(_error_response("57P03", "the database system is starting up"))
+    await writer.drain()
+    writer.close()
+
+
+async def _never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Accept and stay silent, like a hung server."""
+
+
+async def test_a_starting_server_reads_as_starting() -> None:
+    """A real libpq connection refused with 57P03 gives STARTING and keeps the reason."""
+    async with _listener(_refuse_starting) as url:
+        probe = HealthProbe(url, 2.0)
+        snapshot = await probe.probe_once()
+    assert snapshot.status is Status.STARTING
+    assert "starting up" in snapshot.error
+
+
+async def test_a_silent_server_is_down_after_the_connect_timeout() -> None:
+    """A listener that never answers costs one connect timeout, then DOWN."""
+    loop = asyncio.get_running_loop()
+    async with _listener(_never_answer) as url:
+        probe = HealthProbe(url, 0.3)
+        started = loop.time()
+        snapshot = await probe.probe_once()
+        elapsed = loop.time() - started
+    assert snapshot.status is Status.DOWN
+    assert "0.3s" in snapshot.error
+    assert 0.25 <= elapsed < 1.0
+
+
+async def test_a_refused_connection_is_down_at_once() -> None:
+    """Nothing listening: DOWN with the reason, well within the timeout."""
+    loop = asyncio.get_running_loop()
+    probe = HealthProbe(URL, 5.0)  # port 1: nothing listens there
+    started = loop.time()
+    snapshot = await probe.probe_once()
+    assert snapshot.status is Status.DOWN
+    assert snapshot.error
+    assert loop.time() - started < 2.0
+
+
+async def test_a_probe_that_resists_cancellation_is_still_abandoned() -> None:
+    """A probe that waits again after the first cancellation (as psycopg does) is cut short."""
+    loop = asyncio.get_running_loop()
+    finished = asyncio.Event()
+
+    async def stubborn(conninfo: str, seconds: float) -> Conn:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.sleep(30)  # psycopg's wait for the server-side cancel
+            finally:
+                finished.set()
+        raise AssertionError("not reached")
+
+    probe = HealthProbe(URL, 0.2, connector=stubborn)
+    started = loop.time()
+    snapshot = await probe.probe_once()
+    assert snapshot.status is Status.DOWN
+    assert finished.is_set()
+    assert loop.time() - started < 0.2 + 0.5
+
+
+async def test_an_unexpected_error_is_down_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in the probe path reads as DOWN with the reason, and is logged, not raised."""
+
+    async def broken(conninfo: str, seconds: float) -> Conn:
+        raise RuntimeError("boom")
+
+    probe = HealthProbe(URL, 1.0, connector=broken)
+    snapshot = await probe.probe_once()
+    assert (snapshot.status, snapshot.error) == (Status.DOWN, "boom")
+    assert "failed unexpectedly" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("takes", "interval", "low", "high"),
+    [
+        # Longer than the interval: the next starts when it ends, never alongside.
+        pytest.param(0.15, 0.1, 0.14, 0.5, id="probe-longer-than-interval"),
+        # Shorter: starts are one interval apart, not probe + interval (0.8 s).
+        pytest.param(0.3, 0.5, 0.49, 0.7, id="probe-within-interval"),
+    ],
+)
+async def test_probes_never_overlap_and_keep_the_interval(
+    takes: float, interval: float, low: float, high: float
+) -> None:
+    """run() starts one probe per interval, and a slow probe delays the next, never overlaps."""
+    loop = asyncio.get_running_loop()
+    starts: list[float] = []
+    running = 0
+    peak = 0
+    enough = asyncio.Event()
+
+    async def slow(conninfo: str, seconds: float) -> Conn:
+        nonlocal running, peak
+        starts.append(loop.time())
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(takes)  # the probe's work
+            raise psycopg.OperationalError("refused")
+        finally:
+            running -= 1
+            if len(starts) >= 4:
+                enough.set()
+
+    # Failures would quicken the pace: one interval for both, to see it kept.
+    probe = HealthProbe(URL, 1.0, interval=interval, fast_interval=interval, connector=slow)
+    task = asyncio.create_task(probe.run())
+    async with asyncio.timeout(10):
+        await enough.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert peak == 1
+    assert all(low <= gap < high for gap in gaps), gaps
+
+
+@pytest.mark.parametrize(
+    ("reading", "hold"),
+    [
+        (Reading(Status.PRIMARY), None),
+        (Reading(Status.REPLICA, streaming=True), None),
+        (Reading(Status.REPLICA, streaming=None), None),
+        (Reading(Status.REPLICA, streaming=False), NO_UPSTREAM_HOLD),
+        (Reading(Status.DOWN), OUTAGE_HOLD),
+        (Reading(Status.STARTING), OUTAGE_HOLD),
+    ],
+)
+def test_only_a_primary_or_a_streaming_replica_is_steady(reading: Reading, hold: float) -> None:
+    """A replica that lost its upstream is about to be promoted or to reconnect, and a
+    server down or starting about to come back: each keeps the probe quick a while."""
+    assert reading.hold == hold
+
+
+class _FakeConn:
+    """Answers the probe's query with the rows given, one per call (the last repeats)."""
+
+    def __init__(self, rows: list[tuple[object, ...]], sock: socket.socket | None = None) -> None:
+        self.rows = rows
+        self.sock = sock
+        self.queries = 0
+        self.closed = False
+        self.broken = False
+
+    async def execute(self, sql: str, prepare: bool = False) -> _FakeConn:
+        self.queries += 1
+        if self.sock is not None:  # psycopg reads whatever the server sent meanwhile
+            with contextlib.suppress(BlockingIOError):
+                self.sock.recv(4096)
+        return self
+
+    async def fetchone(self) -> tuple[object, ...]:
+        return self.rows.pop(0) if len(self.rows) > 1 else self.rows[0]
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _connector(conn: _FakeConn) -> Callable[[str, float], Awaitable[Conn]]:
+    async def connect(conninfo: str, seconds: float) -> Conn:
+        return cast(Conn, conn)
+
+    return connect
+
+
+async def test_a_replica_without_upstream_is_probed_quickly() -> None:
+    """The probe reads the WAL receiver too: a replica that stops streaming quickens the
+    pace for NO_UPSTREAM_HOLD, a streaming one settles to the slow pace."""
+    clock = FakeClock()
+    conn = _FakeConn([(True, True)] * 4 + [(True, None)])
+    probe = HealthProbe(URL, 1.0, clock=clock, connector=_connector(conn))
+    for _ in range(4):
+        await probe.probe_once()
+        clock.advance(probe.pace.interval(clock.now))
+    assert probe.reading == Reading(Status.REPLICA, streaming=True)
+    assert probe.pace.interval(clock.now) == probe.interval
+    await probe.probe_once()
+    assert probe.reading == Reading(Status.REPLICA, streaming=False)
+    assert probe.snapshot.status is Status.REPLICA
+    assert probe.pace.interval(clock.now) == FAST_INTERVAL
+    clock.advance(NO_UPSTREAM_HOLD + 0.01)
+    await probe.probe_once()
+    assert probe.pace.interval(clock.now) == probe.interval
+
+
+async def test_a_scrape_that_saw_another_role_quickens_the_probe() -> None:
+    """recovery_seen() from the collection pass wakes the probe only when it disagrees."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 1.0, clock=clock, connector=_connector(_FakeConn([(False, None)])))
+    for _ in range(4):
+        await probe.probe_once()
+    assert probe.snapshot.status is Status.PRIMARY
+    assert probe.pace.interval(clock.now) == probe.interval
+    probe.recovery_seen(in_recovery=False)
+    assert probe.pace.interval(clock.now) == probe.interval
+    probe.recovery_seen(in_recovery=True)
+    assert probe.pace.interval(clock.now) == FAST_INTERVAL
+    assert probe.pace.spell is not None
+    assert "scrape saw a replica" in probe.pace.spell.reason
+
+
+async def test_the_server_writing_to_the_idle_connection_wakes_the_probe() -> None:
+    """Between probes the idle connection is watched: the server only writes to it to end
+    it, so the probe asks at once instead of a slow interval later."""
+    ours, server = socket.socketpair()
+    ours.setblocking(False)
+    conn = _FakeConn([(False, None)], sock=ours)
+    probe = HealthProbe(URL, 1.0, interval=30.0, connector=_connector(conn))
+    task = asyncio.create_task(probe.run())
+    try:
+        await _until(lambda: not probe.pace.is_fast(time.monotonic()))
+        asked = conn.queries
+        server.send(b"E")  # e.g. "terminating connection due to administrator command"
+        await _until(lambda: conn.queries > asked)
+        assert probe.pace.is_fast(time.monotonic())
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        ours.close()
+        server.close()
