@@ -114,6 +114,8 @@ class Exporter:
         self.pending: Definitions | None = None  # reloaded, waiting for the next pass
         self._passes: set[asyncio.Task[Snapshot]] = set()  # at most one; kept for shutdown
         self._closing = False
+        # Told the recovery state each pass's preflight read (the health probe listens).
+        self.recovery_seen: Callable[[bool], None] | None = None
 
     @property
     def servers(self) -> list[Server]:
@@ -176,6 +178,8 @@ class Exporter:
         shedding = self._shedding()
         failed = await self._scrape_into(self.main, budget, snapshot, tally, shedding)
         if self.main.up and snapshot.interrupted is None:
+            if self.recovery_seen is not None and self.main.facts is not None:
+                self.recovery_seen(self.main.facts.in_recovery)  # read by this pass
             await self._sync_discovered()
             # Other databases are cut in the main plan's run order (D16).
             reference = self.main.plan.planned if self.main.plan else None

@@ -17,7 +17,7 @@ from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 from exporter.web.auth import install
 from exporter.web.config import WebConfig
-from exporter.web.health import health_context
+from exporter.web.health import HEALTH_PROBE, health_context
 from exporter.web.reloading import RELOADER, Reloader
 from exporter.web.routes import add_routes
 from exporter.web.state import STATE, State
@@ -43,6 +43,7 @@ def create_app(
     app[RELOADER] = Reloader(app[STATE])
     app.cleanup_ctx.append(_close_exporter)
     app.cleanup_ctx.append(health_context(settings))
+    app.cleanup_ctx.append(_scrapes_tell_the_probe)
     add_routes(app, settings.telemetry_path)
     install(app, web_config or WebConfig())
     return app
@@ -51,6 +52,14 @@ def create_app(
 async def _close_exporter(app: web.Application) -> AsyncIterator[None]:
     yield
     await app[STATE].exporter.close()
+
+
+async def _scrapes_tell_the_probe(app: web.Application) -> AsyncIterator[None]:
+    """A scrape that reads the other role than the health probe's wakes the probe."""
+    exporter = app[STATE].exporter
+    exporter.recovery_seen = app[HEALTH_PROBE].recovery_seen
+    yield
+    exporter.recovery_seen = None
 
 
 def make_runner(app: web.Application) -> web.AppRunner:

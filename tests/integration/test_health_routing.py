@@ -30,8 +30,10 @@ from exporter.web.health import (
     health_handler,
 )
 from exporter.web.probe import HealthProbe, Status
+from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster, pg18_bindir
+from tests.integration.rawhttp import Start, get
 
 Client = TestClient[web.Request, web.Application]
 INTERVAL = 0.2  # probe period in these tests: outcomes show up quickly
@@ -44,13 +46,16 @@ def _add_health_routes(app: web.Application) -> None:
 
 
 async def _client(
-    aiohttp_client: AiohttpClient, url: str, connect_timeout: float = 2.0
+    aiohttp_client: AiohttpClient,
+    url: str,
+    connect_timeout: float = 2.0,
+    interval: float = INTERVAL,
 ) -> tuple[Client, HealthProbe]:
     """A minimal app serving only the health routes, probing ``url``."""
     app = web.Application()
     _add_health_routes(app)
     settings = Settings(url=url, connect_timeout=connect_timeout)
-    app.cleanup_ctx.append(health_context(settings, interval=INTERVAL))
+    app.cleanup_ctx.append(health_context(settings, interval=interval))
     client: Client = await aiohttp_client(app)
     return client, app[HEALTH_PROBE]
 
@@ -167,6 +172,28 @@ async def test_stopping_the_primary_flips_it_to_503_while_handlers_stay_fast(
     print(f"\nstop: flipped {flip:.2f}s after the stop; {_summary(latencies)}")
     assert sampler.latencies(since=stopped), "no request completed after the stop"
     _assert_never_waited(latencies, deadline=1.0)
+
+
+async def test_a_shutdown_reaches_the_probe_between_two_probes(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    """With the production pace (a probe a second), a primary that starts shutting down
+    just after a probe reads as not up at once: the server ends the idle probe
+    connection, which wakes the probe, instead of a second later."""
+    with LocalCluster(pg18_bindir()) as cluster:
+        client, probe = await _client(aiohttp_client, cluster.dsn(), 1.0, interval=1.0)
+        await _until(
+            lambda: probe.snapshot.status is Status.PRIMARY and probe.pace.spell is None,
+            "a primary at the slow pace",
+        )
+        last = probe.snapshot.checked_at
+        await _until(lambda: probe.snapshot.checked_at > last, "a probe")
+        stopping = asyncio.create_task(asyncio.to_thread(cluster.stop))
+        flip = await _until(lambda: probe.snapshot.status is not Status.PRIMARY, "503", 5.0)
+        await stopping
+    print(f"\nshutdown: not primary {flip * 1000:.0f} ms after pg_ctl stop was called")
+    assert flip < 0.5
+    assert (await client.get("/primary")).status == 503
 
 
 async def test_promoting_the_replica_moves_the_primary_routes(
@@ -326,3 +353,26 @@ async def test_pgbouncer_console_reads_as_up(
         assert await _codes(client, UP_PATHS) == {(200, "primary")}
         assert await _codes(client, PRIMARY_PATHS) == {(200, "primary")}
         assert await _codes(client, REPLICA_PATHS) == {(404, "primary")}
+
+
+_ONE_COLLECTOR = """
+one:
+  query: SELECT 1 AS one
+  timeout: 5
+  metrics:
+    - one: {usage: GAUGE, description: one}
+"""
+
+
+async def test_each_pass_tells_the_probe_the_role_it_read(
+    start: Start, pg18_replica: LocalCluster
+) -> None:
+    """The app hands each pass's preflight recovery state to the health probe, which
+    quickens when it disagrees (tests/web/test_probe.py)."""
+    served = await start(pg18_replica, _ONE_COLLECTOR)
+    exporter = served.app[STATE].exporter
+    assert exporter.recovery_seen == served.app[HEALTH_PROBE].recovery_seen
+    seen: list[bool] = []
+    exporter.recovery_seen = seen.append
+    assert (await get(served.port)).status == 200
+    assert seen == [True]
