@@ -1,4 +1,5 @@
-"""Local PostgreSQL and pgBouncer for the tests, the benchmark and ``scripts/demo``.
+"""Local PostgreSQL, pgBouncer and a Patroni cluster for the tests, the benchmark and
+``scripts/demo``.
 
 Not part of the product: the wheel, the .deb and the .rpm ship ``exporter/``
 only (``tests/packaging/test_contents.py`` checks it). Run from the repository

@@ -5,13 +5,9 @@ way its health checks against the Go exporter would (issue 11)."""
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
-import os
 import shutil
 import subprocess
-import sys
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,25 +15,8 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import COLLECTORS, REPO, http_get, samples, terminate, wait_for
-
-
-@contextlib.contextmanager
-def _exporter(cluster: LocalCluster, log: Path, *extra: str) -> Iterator[int]:
-    """``python -m exporter`` with the default library against ``cluster``; its port."""
-    port = free_port()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "-u", cluster.dsn(), "-c", str(COLLECTORS),
-             "--web.listen-address", f"127.0.0.1:{port}", "-T", "5000", *extra],
-            cwd=REPO, stdout=sink, stderr=sink, env={**os.environ},
-        )  # fmt: skip
-    try:
-        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/version")[0] == 200, "the exporter")
-        yield port
-    finally:
-        terminate(process)
-
+from tests.integration.helpers import http_get, samples, terminate, wait_for
+from tests.integration.processes import Backend, exporter, haproxy, settles
 
 # --- Prometheus -------------------------------------------------------------------------
 
@@ -106,7 +85,7 @@ def test_prometheus_stores_every_name_as_exposed(
     text exposition, with their types: no counter gains ``_total`` (pg_db_xact_commit
     stays pg_db_xact_commit), so dashboards written for the Go exporter find them."""
     with (
-        _exporter(pg18, tmp_path / "exporter.log") as port,
+        exporter(pg18.dsn(), tmp_path / "exporter.log") as port,
         _prometheus(port, tmp_path) as prometheus,
     ):
         wait_for(lambda: _scrapes(prometheus) >= 3, "three scrapes by prometheus")
@@ -134,71 +113,6 @@ def test_prometheus_stores_every_name_as_exposed(
 
 # --- HAProxy ----------------------------------------------------------------------------
 
-# Writes go where OPTIONS /primary (HAProxy's default check method) says 200; reads where
-# GET /replica says 200. Checks every 200 ms; a server is DOWN after two failures.
-_HAPROXY_CONFIG = """
-global
-  maxconn 100
-defaults
-  mode tcp
-  timeout connect 2s
-  timeout client 10s
-  timeout server 10s
-  default-server inter 200ms fall 2 rise 1
-listen writes
-  bind 127.0.0.1:{writes}
-  option httpchk OPTIONS /primary
-  http-check expect status 200
-  server a 127.0.0.1:{pg_a} check port {exp_a}
-  server b 127.0.0.1:{pg_b} check port {exp_b}
-listen reads
-  bind 127.0.0.1:{reads}
-  option httpchk
-  http-check send meth GET uri /replica
-  http-check expect status 200
-  server a 127.0.0.1:{pg_a} check port {exp_a}
-  server b 127.0.0.1:{pg_b} check port {exp_b}
-listen stats
-  mode http
-  bind 127.0.0.1:{stats}
-  stats enable
-  stats uri /stats
-"""
-
-
-@contextlib.contextmanager
-def _haproxy(home: Path, **ports: int) -> Iterator[str]:
-    """Debian's haproxy in the foreground with our config; yields its stats CSV URL."""
-    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    assert Path(binary).exists(), "haproxy is missing: scripts/setup installs it"
-    config = home / "haproxy.cfg"
-    config.write_text(_HAPROXY_CONFIG.format(**ports))
-    check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, check=False)
-    assert check.returncode == 0, check.stderr.decode()
-    with (home / "haproxy.log").open("wb") as sink:
-        process = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=sink, stderr=sink)
-    url = f"http://127.0.0.1:{ports['stats']}/stats;csv"
-    try:
-        wait_for(lambda: http_get(url)[0] == 200, "haproxy's stats page")
-        yield url
-    finally:
-        terminate(process)
-
-
-def _states(stats_url: str) -> dict[tuple[str, str], str]:
-    """(proxy, server) → UP / DOWN as HAProxy's checks decided (no transitional states)."""
-    _, text = http_get(stats_url)
-    rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
-    return {
-        (r["pxname"], r["svname"]): r["status"].split()[0]
-        for r in rows
-        if r["svname"] in ("a", "b")
-    }
-
-
-def _settles(stats_url: str, want: dict[tuple[str, str], str]) -> bool:
-    return _states(stats_url) == want
-
 
 @pytest.fixture
 def pair() -> Iterator[tuple[LocalCluster, LocalCluster]]:
@@ -217,19 +131,18 @@ def test_haproxy_routes_writes_to_the_primary_only(
     logs = tmp_path / "logs"
     logs.mkdir()
     with (
-        _exporter(primary, logs / "a.log", "--no-auto-discovery") as exp_a,
-        _exporter(replica, logs / "b.log", "--no-auto-discovery") as exp_b,
+        exporter(primary.dsn(), logs / "a.log", "--no-auto-discovery") as exp_a,
+        exporter(replica.dsn(), logs / "b.log", "--no-auto-discovery") as exp_b,
     ):
-        ports = {"pg_a": primary.port, "pg_b": replica.port, "exp_a": exp_a, "exp_b": exp_b,
-                 "writes": free_port(), "reads": free_port(), "stats": free_port()}  # fmt: skip
-        with _haproxy(tmp_path, **ports) as stats:
+        backends = [Backend("a", primary.port, exp_a), Backend("b", replica.port, exp_b)]
+        with haproxy(tmp_path, backends) as stats:
             both_up = {
                 ("writes", "a"): "UP", ("writes", "b"): "DOWN",
                 ("reads", "a"): "DOWN", ("reads", "b"): "UP",
             }  # fmt: skip
-            wait_for(lambda: _settles(stats, both_up), f"checks to settle as {both_up}")
+            wait_for(lambda: settles(stats, both_up), f"checks to settle as {both_up}")
             assert http_get(f"http://127.0.0.1:{exp_b}/primary", "OPTIONS")[0] == 404
             primary.stop()
             primary_down = {**both_up, ("writes", "a"): "DOWN"}
-            wait_for(lambda: _settles(stats, primary_down), f"checks to settle as {primary_down}")
+            wait_for(lambda: settles(stats, primary_down), f"checks to settle as {primary_down}")
             assert http_get(f"http://127.0.0.1:{exp_a}/primary", "OPTIONS") == (503, "down")
