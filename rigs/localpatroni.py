@@ -28,10 +28,10 @@ from types import TracebackType
 
 from rigs.localpg import (
     OWNER_FILE,
-    SERVER_ACCOUNT,
     LocalPgError,
     free_port,
     pg15_bindir,
+    server_account,
     wait_until,
 )
 
@@ -215,7 +215,7 @@ class LocalPatroni:
 
     def __init__(self, nodes: int = 2, parameters: Mapping[str, str] | None = None) -> None:
         self.base_dir = Path(tempfile.mkdtemp(prefix=PREFIX))
-        self.account = SERVER_ACCOUNT if os.geteuid() == 0 else None
+        self.account = server_account()
         self.parameters = dict(parameters or {})
         self.etcd_port = free_port()
         self._etcd: subprocess.Popen[bytes] | None = None

@@ -263,6 +263,12 @@ class LocalCluster:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
+def server_account() -> str | None:
+    """The account servers run as, created if we are root and it is missing; None: us."""
+    account = _server_account(None)
+    return account.pw_name if account else None
+
+
 def _server_account(run_as: str | None) -> pwd.struct_passwd | None:
     """The account to run the server as; None to run as ourselves."""
     name = run_as or (SERVER_ACCOUNT if os.geteuid() == 0 else None)
