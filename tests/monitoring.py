@@ -59,7 +59,7 @@ def dashboard_expressions() -> list[Expression]:
     return found
 
 
-def tested_alerts() -> set[str]:
+def alerts_expected_to_fire() -> set[str]:
     """Alerts that some case of the promtool tests expects to fire."""
     tests = yaml.safe_load(ALERT_TESTS.read_text())["tests"]
     return {
