@@ -51,6 +51,13 @@ def answer(want: Want, status: Status) -> int:
 
 
 HEALTH_PROBE = web.AppKey("health_probe", HealthProbe)
+ALIVE_PATH = "/alive"
+
+
+async def alive_handler(request: web.Request) -> web.Response:
+    """200 whenever the exporter's event loop answers, whatever the database does: the
+    liveness probe of a container (``/liveness`` is Go's name for "the target is up")."""
+    return web.Response(text="alive", headers=_HEADERS)
 
 
 def health_handler(

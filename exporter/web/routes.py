@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from exporter import __version__
-from exporter.web.health import PRIMARY_PATHS, REPLICA_PATHS, UP_PATHS, health_handler
+from exporter.web.health import (
+    ALIVE_PATH,
+    PRIMARY_PATHS,
+    REPLICA_PATHS,
+    UP_PATHS,
+    alive_handler,
+    health_handler,
+)
 from exporter.web.health import ROUTES as HEALTH_ROUTES
 from exporter.web.metrics import metrics_handler
 from exporter.web.pages import explain_handler, reload_handler, stat_handler, version_handler
@@ -46,6 +53,8 @@ ROUTES: tuple[Route, ...] = (
         Route(path, health_handler(want), "*", linked=path in _LINKED_HEALTH)
         for path, want in HEALTH_ROUTES.items()
     ),
+    # The exporter itself, never the database: a container's liveness probe.
+    Route(ALIVE_PATH, alive_handler, "*"),
     Route("/reload", reload_handler, "*"),  # GET as in the Go exporter, or POST
 )
 

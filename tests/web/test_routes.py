@@ -48,6 +48,7 @@ async def test_landing_page_links_the_linked_routes(aiohttp_client: AiohttpClien
         "/up",
         "/primary",
         "/replica",
+        "/alive",
         "/reload",
     ]
 
@@ -63,3 +64,13 @@ async def test_every_route_is_served_by_its_handler(
     for method in methods:
         response = await client.request(method, route.path)
         assert "<h1>pg_exporter" not in await response.text(), (method, route.path)
+
+
+async def test_alive_answers_200_while_the_target_is_down(aiohttp_client: AiohttpClient) -> None:
+    """/alive reflects the exporter alone: 200 while /liveness (the target) says 503."""
+    client = await _client(aiohttp_client)
+    for method in ("GET", "HEAD", "OPTIONS"):
+        response = await client.request(method, "/alive")
+        assert response.status == 200, method
+        assert response.headers["Cache-Control"] == "no-store"
+    assert (await client.get("/liveness")).status == 503
