@@ -68,6 +68,7 @@ def _settings(src: _Source, url: str) -> Settings:
         connect_timeout=_connect_timeout(src),
         max_series=_max_series(src),
         backoff_ceiling=_backoff_ceiling(src),
+        max_connections=_max_connections(src),
         dry_run=src.switch("dry-run", default=False),
         explain=src.switch("explain", default=False),
         log_level=_choice(src, "log.level", tuple(LEVELS), "info"),
@@ -244,6 +245,19 @@ def _max_series(src: _Source) -> int:
         found = src.lookup("max-series")
         origin = found[1] if found else "--max-series"
         raise UsageError(f"{origin} must be greater than 0, not {value}")
+    return value
+
+
+def _max_connections(src: _Source) -> int:
+    """A whole number >= 2: the health probe's connection and at least one database's."""
+    value = _integer(src, "max-connections", defaults.DEFAULT_MAX_CONNECTIONS)
+    if value < defaults.MIN_MAX_CONNECTIONS:
+        found = src.lookup("max-connections")
+        origin = found[1] if found else "--max-connections"
+        raise UsageError(
+            f"{origin} must be at least {defaults.MIN_MAX_CONNECTIONS} (the health probe's "
+            f"connection and one database's), not {value}"
+        )
     return value
 
 

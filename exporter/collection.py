@@ -25,6 +25,7 @@ from exporter.breaker import (
     judge,
 )
 from exporter.budget import Budget, Interruption
+from exporter.connections import ConnectionBudget
 from exporter.definitions import Definitions
 from exporter.exposition import Family
 from exporter.planning import explain_text
@@ -105,8 +106,10 @@ class Exporter:
         self.clock = clock
         self.random = random  # jitter of back-offs, predicates and cool-downs (D17)
         self.options = server_options(settings)
+        # Every database's connection, the health probe's counted apart (issue 13).
+        self.connections = ConnectionBudget(settings.max_connections)
         self.main = Server(None, self.options, definitions, is_main=True, clock=clock,
-                           random=random)  # fmt: skip
+                           random=random, budget=self.connections)  # fmt: skip
         self.breaker = Breaker(policy or BreakerPolicy(), random)  # the target's (D16)
         self.discovered: dict[str, Server] = {}
         self.lock = asyncio.Lock()
@@ -259,7 +262,9 @@ class Exporter:
         wanted = self.wanted_databases()
         for name in set(self.discovered) - wanted:
             log.info("database vanished, dropping it", extra={"datname": name})
-            await self.discovered.pop(name).disconnect()
+            gone = self.discovered.pop(name)
+            await gone.disconnect()
+            self.connections.forget(gone.label)
         for name in wanted - set(self.discovered):
             log.info("database discovered", extra={"datname": name})
             self.discovered[name] = Server(
@@ -269,6 +274,7 @@ class Exporter:
                 is_main=False,
                 clock=self.clock,
                 random=self.random,
+                budget=self.connections,
             )
 
     async def close(self, grace: float = SHUTDOWN_GRACE) -> None:

@@ -104,6 +104,11 @@ FLAGS = (
          "Longest wait before a collector that keeps failing runs again: the wait starts at "
          "its ttl and doubles with each failure in a row, with jitter. 0 waits the ttl only. "
          "A collector's own backoff_ceiling overrides it."),
+    Flag("max-connections",     "",  _ENV + "MAX_CONNECTIONS", _V, "N",
+         str(defaults.DEFAULT_MAX_CONNECTIONS),
+         "Most connections the exporter holds to its target at once, the health probe's "
+         "included (at least 2). With more databases than that, the least recently used "
+         "connection is closed to open another."),
     Flag("dry-run",             "D", "",                     _S, "",         "false",
          "Print the collector definitions as loaded, then exit; no database needed."),
     Flag("explain",             "E", "",                     _S, "",         "false",

@@ -9,8 +9,11 @@ whichever fires first leaves the same state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import re
+import socket
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -249,3 +252,35 @@ async def close_quietly(conn: psycopg.AsyncConnection[tuple[object, ...]] | None
         await conn.close()
     except psycopg.Error as exc:  # pragma: no cover - best effort
         log.debug("closing connection failed: %s", exc)
+
+
+#: Longest wait for the server to end a backend the exporter closed (seconds).
+BACKEND_EXIT_WAIT = 1.0
+
+
+async def close_and_wait(
+    conn: psycopg.AsyncConnection[tuple[object, ...]] | None, within: float = BACKEND_EXIT_WAIT
+) -> None:
+    """Close a connection and wait, at most ``within`` seconds, until its backend is gone.
+
+    A backend lingers in ``pg_stat_activity`` and holds its connection slot for a moment
+    after the client has said goodbye; opening the next connection at once would let the
+    server see one more than the budget (issue 13). The server closes the socket only
+    after it has released the backend's slot, so a copy of the socket, kept past libpq's
+    close, reads end-of-file exactly then.
+    """
+    if conn is None or conn.closed:
+        return
+    watch: socket.socket | None = None
+    with contextlib.suppress(OSError, psycopg.Error):
+        watch = socket.socket(fileno=os.dup(conn.fileno()))
+    await close_quietly(conn)
+    if watch is None:
+        return
+    with watch:
+        watch.setblocking(False)
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(within):
+                while await loop.sock_recv(watch, 4096):
+                    pass  # the server's last words (a TLS close, an error): read to the end

@@ -47,6 +47,7 @@ class SelfMetrics:
             *self.per_server(exporter),
             *self.per_query(rows),
             *self.degradation(exporter),
+            *self.connections(exporter),
             *self.requests(admission),
             self.outcomes(rows),
         ]
@@ -246,6 +247,25 @@ class SelfMetrics:
             self._single("exporter_breaker_shed_collectors", "gauge",
                          "collectors, over all databases, the breaker left out of the last pass",
                          float(shed)),
+        ]  # fmt: skip
+
+    def connections(self, exporter: Exporter) -> list[Family]:
+        """The connection budget and its churn (issue 13); the probe's is not counted."""
+        budget = exporter.connections
+        limit = float(budget.limit) if budget.limit is not None else 0.0
+        return [
+            self._single("exporter_connections_max", "gauge",
+                         "most connections to the target at once, the health probe's included",
+                         limit),
+            self._single("exporter_connections_open", "gauge",
+                         "connections the scraped databases hold now (the probe's not counted)",
+                         float(budget.open)),
+            self._single("exporter_connections_opened_total", "counter",
+                         "connections opened to scraped databases since start",
+                         float(budget.opened)),
+            self._single("exporter_connections_evicted_total", "counter",
+                         "connections closed to make room for another database's",
+                         float(budget.evictions)),
         ]  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """One scraped database: its connection, plan, caches and statistics.
 
-A ``Server`` owns exactly one connection (D5), opened lazily and replaced after
-it is lost (D8). Its collectors run one at a time in priority order, each under
+A ``Server`` owns at most one connection (D5), opened lazily and replaced after
+it is lost (D8), and closed when the target's connection budget needs room for
+another database (issue 13). Its collectors run one at a time in priority order, each under
 its own deadline; results are published whole or not at all.
 """
 
@@ -33,6 +34,7 @@ from exporter.backoff import (
 from exporter.breaker import NO_SHEDDING, PassTally, Shedding, distress_of, is_shed
 from exporter.budget import Budget, Interruption, until_request_ends
 from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
+from exporter.connections import ConnectionBudget
 from exporter.definitions import Collector, Definitions, Predicate
 from exporter.errors import (
     CollectorError,
@@ -93,8 +95,10 @@ class Server:
         is_main: bool,
         clock: Callable[[], float] = time.monotonic,
         random: Random = _random.random,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         self.datname = datname  # None: whatever the URL names
+        self.budget = budget or ConnectionBudget.unlimited()  # shared by the target's databases
         self.options = options
         self.definitions = definitions
         self.is_main = is_main
@@ -126,12 +130,15 @@ class Server:
     async def prepare(self) -> None:
         """Connect if needed, read the server's facts, and plan when they changed."""
         if self.conn is None or self.conn.closed or self.conn.broken:
-            await postgres.close_quietly(self.conn)
-            self.conn = None
+            await self.disconnect()
             conninfo = postgres.conninfo_for(
                 self.options.url, self.datname, self.options.connect_timeout
             )
+            await self.budget.make_room(self)  # least recently used first (issue 13)
             self.conn = await postgres.connect(conninfo, self.options.connect_timeout)
+            self.budget.opened_for(self)
+        else:
+            self.budget.used(self)
         try:
             if self.options.pgbouncer:
                 pre = await postgres.pgbouncer_preflight(self.conn)
@@ -156,7 +163,8 @@ class Server:
     async def disconnect(self) -> None:
         """Close the connection; the next pass opens a new one."""
         conn, self.conn = self.conn, None
-        await postgres.close_quietly(conn)
+        self.budget.released(self)
+        await postgres.close_and_wait(conn)  # no overlap with the next one opened
 
     async def scrape(self, budget: Budget, shedding: Shedding = NO_SHEDDING) -> ServerResult:
         """Walk this database's planned collectors, serving fresh caches (B6, B10) and
@@ -197,12 +205,13 @@ class Server:
     async def _scrape_prepared(
         self, budget: Budget, result: ServerResult, shedding: Shedding
     ) -> None:
-        try:
-            await self.prepare_within(budget)  # B9
-        except RequestEnded as ended:
-            result.interrupted = ended.reason
-            return
-        self.up = True
+        if self._needs_connection(shedding):
+            try:
+                await self.prepare_within(budget)  # B9
+            except RequestEnded as ended:
+                result.interrupted = ended.reason
+                return
+            self.up = True
         assert self.plan is not None
         cut = shedding.cut(self.plan.planned)
         try:
@@ -215,6 +224,20 @@ class Server:
                 result.families.extend(entry.families)
         finally:  # what this pass shed, also when it stopped early (/stat, /explain)
             self.shed = tuple(result.tally.shed)
+
+    def _needs_connection(self, shedding: Shedding) -> bool:
+        """False for a discovered database that was up and has nothing to run: every
+        collector is fresh in its cache, backing off or shed, so it is not connected at
+        all and spends none of the connection budget (issue 13). The main database is
+        always asked: its preflight says whether the target is up and what it holds."""
+        if self.is_main or self.plan is None or not self.up:
+            return True
+        now = self.clock()
+        cut = shedding.cut(self.plan.planned)
+        return any(
+            self._held_back(c, self.entries.get(c.key), now, shed=is_shed(c, cut)) is None
+            for c in self.plan.planned
+        )
 
     async def collect(
         self, collector: Collector, budget: Budget, tally: PassTally, *, shed: bool = False

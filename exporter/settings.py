@@ -18,6 +18,10 @@ DEFAULT_EXCLUDE = ("template0", "template1", "postgres")
 DEFAULT_CONNECT_TIMEOUT_MS = 100
 DEFAULT_MAX_SERIES = 100_000
 DEFAULT_BACKOFF_CEILING = backoff.DEFAULT_CEILING  # seconds (D15)
+# Connections to the target at once, the health probe's included: the main database
+# and the probe fit with room for a few discovered ones (issue 13).
+DEFAULT_MAX_CONNECTIONS = 4
+MIN_MAX_CONNECTIONS = 2  # the health probe's and one database's
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
 
@@ -59,6 +63,7 @@ class Settings:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_MS / 1000  # seconds
     max_series: int = DEFAULT_MAX_SERIES
     backoff_ceiling: float = DEFAULT_BACKOFF_CEILING  # seconds; 0: a failure waits its ttl only
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # to the target at once, the probe's included
     dry_run: bool = False
     explain: bool = False
     log_level: str = "info"  # debug, info, warn, error

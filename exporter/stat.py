@@ -102,13 +102,15 @@ _HEADER = (
     "state",
     "fails",
     "retry_in",
+    "conns",
     "outcomes",
     "branch",
 )
 
 
 def stat_text(exporter: Exporter) -> str:
-    """One row per planned collector name and database, aligned in columns."""
+    """One row per planned collector name and database, aligned in columns; ``conns`` is
+    how many connections were opened to the row's database (issue 13)."""
     table: list[tuple[str, ...]] = [_HEADER]
     for row in collector_rows(exporter.servers, exporter.clock()):
         outcomes = ",".join(f"{o.value}={row.outcomes[o]}" for o in Outcome if o in row.outcomes)
@@ -127,6 +129,7 @@ def stat_text(exporter: Exporter) -> str:
                 row.state.value,
                 str(row.failures),
                 f"{row.retry_in:.1f}",
+                str(exporter.connections.opened_by.get(row.datname, 0)),
                 outcomes or "-",
                 ",".join(row.branches),
             )

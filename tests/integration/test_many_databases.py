@@ -1,0 +1,155 @@
+"""Many databases on a fixed connection budget, against a real PostgreSQL (issue 13).
+
+Each test creates its own databases, with a name prefix of its own, and drops them
+at the end; discovery is limited to them with ``--include-database``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp.plugin import AiohttpClient
+
+from exporter.web.app import create_app
+from exporter.web.state import STATE
+from rigs.localpg import LocalCluster
+from tests.integration.helpers import samples, settings_for, value, write_collectors
+
+Client = TestClient[web.Request, web.Application]
+
+PERDB = """
+perdb:
+  query: SELECT current_database() AS datname, 1 AS one
+  ttl: {ttl}
+  timeout: 5
+  metrics:
+    - datname: {{usage: LABEL, description: database}}
+    - one: {{usage: GAUGE, description: one}}
+"""
+
+
+@pytest.fixture(scope="module")
+def databases(pg18: LocalCluster) -> Iterator[list[str]]:
+    """Thirty databases for this module, dropped (with any session left on them) at its end;
+    each test has an exporter, so caches and counts, of its own."""
+    prefix = f"many_{uuid.uuid4().hex[:6]}"
+    names = [f"{prefix}_{n:02d}" for n in range(30)]
+    pg18.psql("\n".join(f"CREATE DATABASE {name};" for name in names))
+    yield names
+    pg18.psql("\n".join(f"DROP DATABASE IF EXISTS {name} WITH (FORCE);" for name in names))
+
+
+async def _client(
+    aiohttp_client: AiohttpClient,
+    cluster: LocalCluster,
+    tmp_path: Path,
+    names: list[str],
+    *,
+    ttl: float,
+    max_connections: int,
+) -> Client:
+    definitions = write_collectors(tmp_path, PERDB.format(ttl=ttl))
+    settings = settings_for(
+        cluster,
+        auto_discovery=True,
+        include_databases=tuple(names),
+        max_connections=max_connections,
+    )
+    client: Client = await aiohttp_client(create_app(settings, definitions))
+    return client
+
+
+class BackendSampler:
+    """Counts the exporter's backends, the probe's included, as often as it can."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.dsn = cluster.dsn()
+        self.peak = 0
+        self.samples = 0
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'pg_exporter' AND pid <> pg_backend_pid()"
+        )
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                row = await (await conn.execute(sql)).fetchone()
+                assert row is not None
+                self.peak = max(self.peak, int(row[0]))
+                self.samples += 1
+                await asyncio.sleep(0.002)  # a sampling period, not a synchronisation
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+async def test_budget_never_exceeded_under_twenty_concurrent_requests(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path, databases: list[str]
+) -> None:
+    """30 databases, a budget of 4 and 20 requests at once: PostgreSQL never sees more than
+    4 exporter backends (the probe's included), and every answered scrape has every
+    database's series."""
+    client = await _client(aiohttp_client, pg18, tmp_path, databases, ttl=0, max_connections=4)
+    sampler = BackendSampler(pg18)
+    sampling = asyncio.create_task(sampler.run())
+    try:
+        for _ in range(3):
+            responses = await asyncio.gather(*(client.get("/metrics") for _ in range(20)))
+            statuses = [r.status for r in responses]
+            assert 200 in statuses
+            assert set(statuses) <= {200, 503}
+            for response in responses:
+                if response.status == 200:
+                    body = await response.text()
+                    assert all(value(body, "perdb_one", datname=n) == 1 for n in databases)
+    finally:
+        sampler.stop()
+        await sampling
+    assert sampler.samples > 10
+    assert 1 <= sampler.peak <= 4
+    budget = client.app[STATE].exporter.connections
+    assert budget.peak <= 3  # the databases' share: the budget less the probe's
+    assert budget.evictions > 0
+
+
+async def test_fresh_databases_are_not_connected_and_churn_is_counted(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path, databases: list[str]
+) -> None:
+    """With long TTLs, the first pass opens one connection per database (main included),
+    closing the least recently used; the next pass, every discovered database fresh in
+    its cache, opens only the main database's again."""
+    client = await _client(aiohttp_client, pg18, tmp_path, databases, ttl=300, max_connections=4)
+    first = await (await client.get("/metrics")).text()
+    assert value(first, "pg_exporter_connections_opened_total") == 31
+    assert value(first, "pg_exporter_connections_evicted_total") == 28
+    assert value(first, "pg_exporter_connections_max") == 4
+    second = await (await client.get("/metrics")).text()
+    assert value(second, "pg_exporter_connections_opened_total") == 32  # main, evicted
+    assert value(second, "pg_exporter_connections_open") <= 3
+    assert all(value(second, "perdb_one", datname=n) == 1 for n in databases)
+    stat = (await (await client.get("/stat")).text()).splitlines()
+    header = stat[0].split()
+    rows = [dict(zip(header, line.split(), strict=True)) for line in stat[1:]]
+    assert {row["conns"] for row in rows if row["datname"] in databases} == {"1"}
+    assert next(row["conns"] for row in rows if row["datname"] == "postgres") == "2"
+
+
+async def test_one_connection_per_database_when_the_budget_allows(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path, databases: list[str]
+) -> None:
+    """A budget above the number of databases closes nothing: D5 as before."""
+    client = await _client(aiohttp_client, pg18, tmp_path, databases, ttl=0, max_connections=40)
+    for _ in range(3):
+        body = await (await client.get("/metrics")).text()
+    assert value(body, "pg_exporter_connections_opened_total") == 31
+    assert value(body, "pg_exporter_connections_evicted_total") == 0
+    assert len([k for k in samples(body) if k[0] == "perdb_one"]) == 31
