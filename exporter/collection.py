@@ -27,6 +27,7 @@ from exporter.breaker import (
 from exporter.budget import Budget, Interruption
 from exporter.connections import ConnectionBudget
 from exporter.definitions import Definitions
+from exporter.discovery import select_databases
 from exporter.exposition import Family
 from exporter.planning import explain_text
 from exporter.server import Server, ServerOptions
@@ -248,15 +249,16 @@ class Exporter:
         log.debug("collection round done", extra={"duration": round(self.stats.last_duration, 4)})
 
     def wanted_databases(self) -> set[str]:
-        """Databases to discover from the main one, per include/exclude lists."""
+        """Databases to discover from the main one, per include/exclude names and patterns."""
         settings = self.settings
         if not settings.auto_discovery or settings.is_pgbouncer or self.main.facts is None:
             return set()
-        names = set(self.main.databases) - set(settings.exclude_databases)
-        if settings.include_databases:
-            names &= set(settings.include_databases)
-        names.discard(self.main.facts.datname)
-        return names
+        return select_databases(
+            self.main.databases,
+            settings.include_databases,
+            settings.exclude_databases,
+            self.main.facts.datname,
+        )
 
     async def _sync_discovered(self) -> None:
         wanted = self.wanted_databases()

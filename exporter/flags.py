@@ -86,9 +86,11 @@ FLAGS = (
     Flag("auto-discovery",      "a", _ENV + "AUTO_DISCOVERY", _S, "",        "true",
          "Also scrape the other databases of the cluster."),
     Flag("exclude-database",    "x", _ENV + "EXCLUDE_DATABASE", _V, "DB,...",
-         ",".join(defaults.DEFAULT_EXCLUDE), "Databases auto-discovery leaves out."),
+         ",".join(defaults.DEFAULT_EXCLUDE),
+         "Databases auto-discovery leaves out: names, or shell patterns with *, ? and [...]."),
     Flag("include-database",    "i", _ENV + "INCLUDE_DATABASE", _V, "DB,...", "",
-         "When set, auto-discovery scrapes only these databases."),
+         "When set, auto-discovery scrapes only these databases: names, or shell patterns "
+         "with *, ? and [...]."),
     Flag("namespace",           "n", _ENV + "NAMESPACE",     _V, "NAME",
          "pg, or pgbouncer for pgBouncer", "Prefix of the exporter's own metrics."),
     Flag("fail-fast",           "f", _ENV + "FAIL_FAST",     _S, "",         "false",

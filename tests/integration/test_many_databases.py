@@ -7,8 +7,9 @@ at the end; discovery is limited to them with ``--include-database``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -153,3 +154,58 @@ async def test_one_connection_per_database_when_the_budget_allows(
     assert value(body, "pg_exporter_connections_opened_total") == 31
     assert value(body, "pg_exporter_connections_evicted_total") == 0
     assert len([k for k in samples(body) if k[0] == "perdb_one"]) == 31
+
+
+async def _scrape_until(client: Client, done: Callable[[str], bool], what: str) -> str:
+    """Scrape, one pass after another, until ``done(body)``; fail after 60 s."""
+    async with asyncio.timeout(60):
+        while True:
+            response = await client.get("/metrics")
+            body = await response.text()
+            if response.status == 200 and done(body):
+                return body
+    raise AssertionError(what)  # pragma: no cover - the timeout raises first
+
+
+async def test_databases_created_and_dropped_in_bulk_leave_nothing_behind(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """Twenty databases created at once, matched by a pattern, are picked up while scrapes
+    run; dropped at once, they are let go: no connection, no figure, no budget kept."""
+    prefix = f"churn_{uuid.uuid4().hex[:6]}"
+    names = [f"{prefix}_{n:02d}" for n in range(20)]
+    definitions = write_collectors(tmp_path, PERDB.format(ttl=0))
+    cluster = pg18
+    settings = settings_for(
+        cluster, auto_discovery=True, include_databases=(f"{prefix}_*",), max_connections=4
+    )
+    client: Client = await aiohttp_client(create_app(settings, definitions))
+    exporter = client.app[STATE].exporter
+
+    def present(body: str) -> set[str]:
+        return {dict(k[1])["datname"] for k in samples(body) if k[0] == "perdb_one"}
+
+    scraping = asyncio.create_task(_scrape_until(client, lambda _: False, "never"))
+    try:
+        await asyncio.to_thread(cluster.psql, "\n".join(f"CREATE DATABASE {n};" for n in names))
+        await _scrape_until(client, lambda b: set(names) <= present(b), "all discovered")
+        await asyncio.to_thread(
+            cluster.psql, "\n".join(f"DROP DATABASE {n} WITH (FORCE);" for n in names)
+        )
+        body = await _scrape_until(client, lambda b: not set(names) & present(b), "all gone")
+    finally:
+        scraping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await scraping
+        cluster.psql("\n".join(f"DROP DATABASE IF EXISTS {n} WITH (FORCE);" for n in names))
+    assert present(body) == {"postgres"}
+    assert list(exporter.discovered) == []
+    assert set(exporter.connections.opened_by) <= {"postgres"}
+    held = [s for s in exporter.servers if s.conn is not None]
+    assert exporter.connections.open == len(held) <= 1
+    assert value(body, "pg_exporter_connections_open") <= 1
+    backends = cluster.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
+        f"AND datname LIKE '{prefix}%'"
+    )
+    assert backends == "0"
