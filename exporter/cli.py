@@ -69,6 +69,7 @@ def _settings(src: _Source, url: str) -> Settings:
         max_series=_max_series(src),
         backoff_ceiling=_backoff_ceiling(src),
         max_connections=_max_connections(src),
+        max_total_series=_max_total_series(src),
         dry_run=src.switch("dry-run", default=False),
         explain=src.switch("explain", default=False),
         log_level=_choice(src, "log.level", tuple(LEVELS), "info"),
@@ -258,6 +259,16 @@ def _max_connections(src: _Source) -> int:
             f"{origin} must be at least {defaults.MIN_MAX_CONNECTIONS} (the health probe's "
             f"connection and one database's), not {value}"
         )
+    return value
+
+
+def _max_total_series(src: _Source) -> int:
+    """A whole number >= 0; 0 turns the exposition-wide budget off."""
+    value = _integer(src, "max-total-series", defaults.DEFAULT_MAX_TOTAL_SERIES)
+    if value < 0:
+        found = src.lookup("max-total-series")
+        origin = found[1] if found else "--max-total-series"
+        raise UsageError(f"{origin} must be 0 (no limit) or more, not {value}")
     return value
 
 

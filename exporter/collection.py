@@ -30,6 +30,7 @@ from exporter.definitions import Definitions
 from exporter.discovery import select_databases
 from exporter.exposition import Family
 from exporter.planning import explain_text
+from exporter.seriesbudget import Part, SeriesBudget
 from exporter.server import Server, ServerOptions
 from exporter.settings import Settings
 
@@ -112,6 +113,7 @@ class Exporter:
         self.main = Server(None, self.options, definitions, is_main=True, clock=clock,
                            random=random, budget=self.connections)  # fmt: skip
         self.breaker = Breaker(policy or BreakerPolicy(), random)  # the target's (D16)
+        self.series_budget = SeriesBudget(settings.max_total_series)  # exposition-wide
         self.discovered: dict[str, Server] = {}
         self.lock = asyncio.Lock()
         self.stats = PassStats()
@@ -180,7 +182,8 @@ class Exporter:
         snapshot = Snapshot(families=[])
         tally = PassTally()
         shedding = self._shedding()
-        failed = await self._scrape_into(self.main, budget, snapshot, tally, shedding)
+        parts: list[Part] = []
+        failed = await self._scrape_into(self.main, budget, snapshot, tally, shedding, parts=parts)
         if self.main.up and snapshot.interrupted is None:
             if self.recovery_seen is not None and self.main.facts is not None:
                 self.recovery_seen(self.main.facts.in_recovery)  # read by this pass
@@ -189,7 +192,10 @@ class Exporter:
             reference = self.main.plan.planned if self.main.plan else None
             shedding = replace(shedding, reference=reference)
             for server in self.servers[1:]:
-                failed |= await self._scrape_into(server, budget, snapshot, tally, shedding)
+                failed |= await self._scrape_into(
+                    server, budget, snapshot, tally, shedding, parts=parts
+                )
+        snapshot.families = self.series_budget.apply(parts)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
         snapshot.interrupted = snapshot.interrupted or budget.interruption()
@@ -199,11 +205,17 @@ class Exporter:
 
     @staticmethod
     async def _scrape_into(
-        server: Server, budget: Budget, snapshot: Snapshot, tally: PassTally, shedding: Shedding
+        server: Server,
+        budget: Budget,
+        snapshot: Snapshot,
+        tally: PassTally,
+        shedding: Shedding,
+        *,
+        parts: list[Part],
     ) -> bool:
-        """Add one database's families to the snapshot; True when it failed."""
+        """Add one database's collector results to ``parts``; True when it failed."""
         result = await server.scrape(budget, shedding)
-        snapshot.families.extend(result.families)
+        parts.extend(result.parts)
         snapshot.interrupted = snapshot.interrupted or result.interrupted
         tally.add(result.tally)
         return bool(result.error)

@@ -111,6 +111,10 @@ FLAGS = (
          "Most connections the exporter holds to its target at once, the health probe's "
          "included (at least 2). With more databases than that, the least recently used "
          "connection is closed to open another."),
+    Flag("max-total-series",    "",  _ENV + "MAX_TOTAL_SERIES", _V, "N",
+         str(defaults.DEFAULT_MAX_TOTAL_SERIES),
+         "Most series one scrape publishes over every collector and database; above it "
+         "whole collectors are left out, the least important first. 0: no limit."),
     Flag("dry-run",             "D", "",                     _S, "",         "false",
          "Print the collector definitions as loaded, then exit; no database needed."),
     Flag("explain",             "E", "",                     _S, "",         "false",

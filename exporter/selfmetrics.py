@@ -48,6 +48,7 @@ class SelfMetrics:
             *self.per_query(rows),
             *self.degradation(exporter),
             *self.connections(exporter),
+            *self.series_budget(exporter),
             *self.requests(admission),
             self.outcomes(rows),
         ]
@@ -266,6 +267,24 @@ class SelfMetrics:
             self._single("exporter_connections_evicted_total", "counter",
                          "connections closed to make room for another database's",
                          float(budget.evictions)),
+        ]  # fmt: skip
+
+    def series_budget(self, exporter: Exporter) -> list[Family]:
+        """The exposition-wide series budget and the collectors it left out (issue 13)."""
+        budget = exporter.series_budget
+        left_out: Samples = [
+            ((("query", name),), float(n)) for name, n in sorted(budget.left_out.items())
+        ]
+        return [
+            self._single("exporter_series_limit", "gauge",
+                         "--max-total-series: most series one scrape publishes; 0 for no limit",
+                         float(budget.limit)),
+            self._single("exporter_series_published", "gauge",
+                         "series the collectors published at the last pass, over every database",
+                         float(budget.series)),
+            self._family("exporter_series_left_out", "gauge",
+                         "series of each collector the series budget left out of the last pass",
+                         left_out),
         ]  # fmt: skip
 
 

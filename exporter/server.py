@@ -45,6 +45,7 @@ from exporter.errors import (
 from exporter.exposition import Family
 from exporter.planning import Plan, ServerFacts, make_plan
 from exporter.samples import SampleBuilder
+from exporter.seriesbudget import Part
 from exporter.target import database_of
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,15 @@ class ServerOptions:
 class ServerResult:
     """What one database's part of a pass produced."""
 
-    families: list[Family] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)  # each collector's families, in run order
     error: str = ""  # connection/preflight or fatal collector failure
     interrupted: Interruption | None = None  # when the request stopped the walk
     tally: PassTally = field(default_factory=PassTally)  # for the breaker (D16)
+
+    @property
+    def families(self) -> list[Family]:
+        """Every family, in run order."""
+        return [family for part in self.parts for family in part.families]
 
 
 class Server:
@@ -181,7 +187,7 @@ class Server:
             self.up = False
         except FatalCollectorFailed as exc:
             result.error = str(exc)
-            result.families.clear()
+            result.parts.clear()
             self.up = False
         self.last_duration = self.clock() - start
         self.total_seconds += self.last_duration
@@ -221,7 +227,7 @@ class Server:
                     return
                 shed = is_shed(collector, cut)
                 entry = await self.collect(collector, budget, result.tally, shed=shed)
-                result.families.extend(entry.families)
+                result.parts.append(Part(collector, entry.families))
         finally:  # what this pass shed, also when it stopped early (/stat, /explain)
             self.shed = tuple(result.tally.shed)
 

@@ -85,6 +85,7 @@ def test_defaults(config: str) -> None:
     assert settings.max_series == 100_000
     assert settings.backoff_ceiling == 600.0
     assert settings.max_connections == 4
+    assert settings.max_total_series == 500_000
     assert settings.auto_discovery is True
     assert (settings.log_level, settings.log_format) == ("info", "logfmt")
 
@@ -115,6 +116,7 @@ VALUE_CASES = [
     (["--backoff-ceiling", "90"], "backoff_ceiling", 90.0),
     (["--backoff-ceiling=0"], "backoff_ceiling", 0.0),
     (["--max-connections", "2"], "max_connections", 2),
+    (["--max-total-series", "0"], "max_total_series", 0),
     (["--log.level", "debug"], "log_level", "debug"),
     (["--log.level=WARN"], "log_level", "warn"),
     (["--log.format", "json"], "log_format", "json"),
@@ -142,6 +144,7 @@ ENV_CASES = [
     ("PG_EXPORTER_MAX_SERIES", "7", "max_series", 7),
     ("PG_EXPORTER_BACKOFF_CEILING", "2.5", "backoff_ceiling", 2.5),
     ("PG_EXPORTER_MAX_CONNECTIONS", "40", "max_connections", 40),
+    ("PG_EXPORTER_MAX_TOTAL_SERIES", "1000", "max_total_series", 1000),
 ]
 
 
@@ -169,8 +172,8 @@ def test_empty_environment_variable_counts_as_unset(config: str) -> None:
 
 def test_every_documented_flag_is_in_the_table() -> None:
     """The flag table holds exactly §1's flags plus our --max-series,
-    --web.enable-openmetrics, --backoff-ceiling and --max-connections, with their short
-    forms."""
+    --web.enable-openmetrics, --backoff-ceiling, --max-connections and --max-total-series,
+    with their short forms."""
     table = {flag.name: (flag.short, flag.env) for flag in FLAGS}
     assert table == {
         "help": ("h", ""), "version": ("", ""), "url": ("u", ""),
@@ -189,6 +192,7 @@ def test_every_documented_flag_is_in_the_table() -> None:
         "max-series": ("", "PG_EXPORTER_MAX_SERIES"), "dry-run": ("D", ""),
         "backoff-ceiling": ("", "PG_EXPORTER_BACKOFF_CEILING"),
         "max-connections": ("", "PG_EXPORTER_MAX_CONNECTIONS"),
+        "max-total-series": ("", "PG_EXPORTER_MAX_TOTAL_SERIES"),
         "explain": ("E", ""), "log.level": ("", ""), "log.format": ("", ""),
     }  # fmt: skip
 
@@ -364,6 +368,7 @@ def test_connect_timeout_floor(config: str, millis: str, seconds: float) -> None
         (["--backoff-ceiling", "inf"], "--backoff-ceiling must be a number of seconds >= 0"),
         (["--max-connections", "1"], "--max-connections must be at least 2"),
         (["--max-connections", "many"], "--max-connections must be a whole number"),
+        (["--max-total-series", "-1"], "--max-total-series must be 0 .no limit. or more"),
         (["--log.level", "trace"], "--log.level must be one of debug, info, warn, error"),
         (["--log.format", "text"], "--log.format must be one of logfmt, json"),
         (["--namespace", "pg-x"], "'pg-x' is not a valid metric name prefix"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -209,3 +210,56 @@ async def test_databases_created_and_dropped_in_bulk_leave_nothing_behind(
         f"AND datname LIKE '{prefix}%'"
     )
     assert backends == "0"
+
+
+SERIES = """
+core:
+  query: SELECT current_database() AS datname, 1 AS one
+  priority: 1
+  ttl: 0
+  timeout: 5
+  metrics:
+    - datname: {usage: LABEL, description: database}
+    - one: {usage: GAUGE, description: one}
+pertable:
+  query: SELECT current_database() AS datname, n::text AS relname, n AS size
+         FROM generate_series(1, 50) AS n
+  priority: 200
+  ttl: 0
+  timeout: 5
+  metrics:
+    - datname: {usage: LABEL, description: database}
+    - relname: {usage: LABEL, description: table}
+    - size: {usage: GAUGE, description: size}
+"""
+
+
+async def test_the_series_budget_leaves_out_whole_collectors_and_says_so(
+    aiohttp_client: AiohttpClient,
+    pg18: LocalCluster,
+    tmp_path: Path,
+    databases: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """31 databases × (1 + 50) series over a budget of 1000: the least important collector
+    is left out on every database, the rest published whole; the exposition names it and
+    the log says so once."""
+    settings = settings_for(
+        pg18,
+        auto_discovery=True,
+        include_databases=tuple(databases),
+        max_connections=40,
+        max_total_series=1000,
+    )
+    client: Client = await aiohttp_client(create_app(settings, write_collectors(tmp_path, SERIES)))
+    with caplog.at_level(logging.INFO, logger="exporter.seriesbudget"):
+        for _ in range(2):
+            body = await (await client.get("/metrics")).text()
+    found = samples(body)
+    assert len([k for k in found if k[0] == "core_one"]) == 31
+    assert [k for k in found if k[0] == "pertable_size"] == []
+    assert value(body, "pg_exporter_series_left_out", query="pertable") == 31 * 50
+    assert value(body, "pg_exporter_series_published") == 31
+    assert value(body, "pg_exporter_series_limit") == 1000
+    warnings = [r for r in caplog.records if "series budget of 1000 reached" in r.getMessage()]
+    assert len(warnings) == 1
