@@ -1,5 +1,5 @@
 # Thin wrappers: the scripts are the source of truth (CI runs .ci/run -> scripts/test).
-.PHONY: setup test demo lint packages
+.PHONY: setup test demo lint packages image
 
 setup:
 	bash scripts/setup
@@ -15,3 +15,6 @@ lint:
 
 packages:
 	bash scripts/packages
+
+image:
+	bash scripts/image

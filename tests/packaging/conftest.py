@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,6 +27,7 @@ import pytest
 
 import exporter
 from rigs.localpg import LocalCluster, pg15_bindir
+from tests.packaging.containers import Podman, ways
 
 REPO = Path(__file__).resolve().parents[2]
 DIST = REPO / "dist"
@@ -37,6 +39,8 @@ MARKER = Path("/var/tmp/pg-exporter-package-tests.installed")
 TOOLS = ("rpm", "cpio", "python3-seccomp", "systemd")
 APT_ENV = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
 TIMEOUT = 600  # seconds for a build or an apt-get run
+IMAGE = f"localhost/pg-exporter:{VERSION}"
+ARCHIVE = DIST / f"pg-exporter_{VERSION}_oci.tar"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,36 @@ def installed(built: Built) -> Iterator[None]:
     run("apt-get", "install", "-y", "-q", str(built.deb), env=APT_ENV)
     yield
     purge_pg_exporter()
+
+
+@pytest.fixture(scope="session")
+def image(built: Built) -> str:
+    """The image, built by scripts/image from this checkout and loaded into podman."""
+    if shutil.which("podman") is None or shutil.which("mmdebstrap") is None:
+        pytest.fail("podman and mmdebstrap are missing: run scripts/setup")
+    run("bash", REPO / "scripts" / "image", cwd=REPO)
+    loaded = run("podman", "load", "-i", ARCHIVE).stdout
+    assert IMAGE in loaded, loaded
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def podman(image: str) -> Podman:
+    """The first way of running podman that works here."""
+    errors = []
+    for way in ways():
+        done = subprocess.run(
+            way.run_argv(image, "--version"),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode == 0 and f"pg_exporter version {VERSION}" in done.stdout:
+            print(f"podman runs the image with: {way.name}")
+            return way
+        errors.append(f"{way.name}: {done.stderr.strip()[-300:]}")
+    pytest.fail("podman cannot run the image here:\n" + "\n".join(errors))
 
 
 @pytest.fixture(scope="session")
