@@ -70,6 +70,7 @@ def _settings(src: _Source, url: str) -> Settings:
         backoff_ceiling=_backoff_ceiling(src),
         max_connections=_max_connections(src),
         max_total_series=_max_total_series(src),
+        parallel_databases=_parallel_databases(src),
         dry_run=src.switch("dry-run", default=False),
         explain=src.switch("explain", default=False),
         log_level=_choice(src, "log.level", tuple(LEVELS), "info"),
@@ -259,6 +260,16 @@ def _max_connections(src: _Source) -> int:
             f"{origin} must be at least {defaults.MIN_MAX_CONNECTIONS} (the health probe's "
             f"connection and one database's), not {value}"
         )
+    return value
+
+
+def _parallel_databases(src: _Source) -> int:
+    """A whole number >= 1; the exporter caps it at the databases' share of the budget."""
+    value = _integer(src, "parallel-databases", defaults.DEFAULT_PARALLEL_DATABASES)
+    if value < 1:
+        found = src.lookup("parallel-databases")
+        origin = found[1] if found else "--parallel-databases"
+        raise UsageError(f"{origin} must be at least 1, not {value}")
     return value
 
 

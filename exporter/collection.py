@@ -31,7 +31,7 @@ from exporter.discovery import select_databases
 from exporter.exposition import Family
 from exporter.planning import explain_text
 from exporter.seriesbudget import Part, SeriesBudget
-from exporter.server import Server, ServerOptions
+from exporter.server import Server, ServerOptions, ServerResult
 from exporter.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,8 @@ class Exporter:
         tally = PassTally()
         shedding = self._shedding()
         parts: list[Part] = []
-        failed = await self._scrape_into(self.main, budget, snapshot, tally, shedding, parts=parts)
+        main = await self.main.scrape(budget, shedding)
+        failed = self._merge(main, snapshot, tally, parts)
         if self.main.up and snapshot.interrupted is None:
             if self.recovery_seen is not None and self.main.facts is not None:
                 self.recovery_seen(self.main.facts.in_recovery)  # read by this pass
@@ -191,10 +192,8 @@ class Exporter:
             # Other databases are cut in the main plan's run order (D16).
             reference = self.main.plan.planned if self.main.plan else None
             shedding = replace(shedding, reference=reference)
-            for server in self.servers[1:]:
-                failed |= await self._scrape_into(
-                    server, budget, snapshot, tally, shedding, parts=parts
-                )
+            for result in await self._walk(self.servers[1:], budget, shedding):
+                failed |= self._merge(result, snapshot, tally, parts)
         snapshot.families = self.series_budget.apply(parts)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
@@ -203,18 +202,37 @@ class Exporter:
         self._judge(tally, snapshot.interrupted)
         return snapshot
 
+    @property
+    def width(self) -> int:
+        """Databases walked at once: the setting, never above the databases' connections."""
+        capacity = self.connections.capacity
+        wanted = self.settings.parallel_databases
+        return wanted if capacity is None else max(1, min(wanted, capacity))
+
+    async def _walk(
+        self, servers: list[Server], budget: Budget, shedding: Shedding
+    ) -> list[ServerResult]:
+        """Scrape ``servers``, ``width`` at a time, their results in the same order.
+
+        Each checks the request before it connects and before each collector (B10), so
+        once the budget is spent or the client gone, the walks still waiting start
+        nothing; one failing unexpectedly cancels the others.
+        """
+        gate = asyncio.Semaphore(self.width)
+
+        async def one(server: Server) -> ServerResult:
+            async with gate:
+                return await server.scrape(budget, shedding)
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(server)) for server in servers]
+        return [task.result() for task in tasks]
+
     @staticmethod
-    async def _scrape_into(
-        server: Server,
-        budget: Budget,
-        snapshot: Snapshot,
-        tally: PassTally,
-        shedding: Shedding,
-        *,
-        parts: list[Part],
+    def _merge(
+        result: ServerResult, snapshot: Snapshot, tally: PassTally, parts: list[Part]
     ) -> bool:
         """Add one database's collector results to ``parts``; True when it failed."""
-        result = await server.scrape(budget, shedding)
         parts.extend(result.parts)
         snapshot.interrupted = snapshot.interrupted or result.interrupted
         tally.add(result.tally)

@@ -111,6 +111,10 @@ FLAGS = (
          "Most connections the exporter holds to its target at once, the health probe's "
          "included (at least 2). With more databases than that, the least recently used "
          "connection is closed to open another."),
+    Flag("parallel-databases",  "",  _ENV + "PARALLEL_DATABASES", _V, "N",
+         str(defaults.DEFAULT_PARALLEL_DATABASES),
+         "Discovered databases scraped at once within a pass (at least 1); never more than "
+         "--max-connections leaves them, the health probe's connection aside."),
     Flag("max-total-series",    "",  _ENV + "MAX_TOTAL_SERIES", _V, "N",
          str(defaults.DEFAULT_MAX_TOTAL_SERIES),
          "Most series one scrape publishes over every collector and database; above it "

@@ -141,7 +141,11 @@ class Server:
                 self.options.url, self.datname, self.options.connect_timeout
             )
             await self.budget.make_room(self)  # least recently used first (issue 13)
-            self.conn = await postgres.connect(conninfo, self.options.connect_timeout)
+            try:
+                self.conn = await postgres.connect(conninfo, self.options.connect_timeout)
+            except BaseException:  # failed, or cancelled with its request (B9)
+                self.budget.cancel()
+                raise
             self.budget.opened_for(self)
         else:
             self.budget.used(self)
@@ -169,14 +173,15 @@ class Server:
     async def disconnect(self) -> None:
         """Close the connection; the next pass opens a new one."""
         conn, self.conn = self.conn, None
-        self.budget.released(self)
-        await postgres.close_and_wait(conn)  # no overlap with the next one opened
+        # Its place in the budget frees once the server has ended the backend.
+        await self.budget.close(self, postgres.close_and_wait(conn))
 
     async def scrape(self, budget: Budget, shedding: Shedding = NO_SHEDDING) -> ServerResult:
         """Walk this database's planned collectors, serving fresh caches (B6, B10) and
         leaving out what ``shedding`` sheds (D16)."""
         start = self.clock()
         result = ServerResult()
+        self.budget.busy(self, busy=True)  # its connection is not closed for another's
         try:
             result.interrupted = budget.interruption()
             if result.interrupted is None:
@@ -189,6 +194,8 @@ class Server:
             result.error = str(exc)
             result.parts.clear()
             self.up = False
+        finally:
+            self.budget.busy(self, busy=False)
         self.last_duration = self.clock() - start
         self.total_seconds += self.last_duration
         self.scrape_count += 1

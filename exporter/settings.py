@@ -22,6 +22,7 @@ DEFAULT_BACKOFF_CEILING = backoff.DEFAULT_CEILING  # seconds (D15)
 # and the probe fit with room for a few discovered ones (issue 13).
 DEFAULT_MAX_CONNECTIONS = 4
 MIN_MAX_CONNECTIONS = 2  # the health probe's and one database's
+DEFAULT_PARALLEL_DATABASES = 2  # discovered databases walked at once, within the budget
 DEFAULT_MAX_TOTAL_SERIES = 500_000  # over every collector and database; 0: no limit
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
@@ -65,6 +66,7 @@ class Settings:
     max_series: int = DEFAULT_MAX_SERIES
     backoff_ceiling: float = DEFAULT_BACKOFF_CEILING  # seconds; 0: a failure waits its ttl only
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # to the target at once, the probe's included
+    parallel_databases: int = DEFAULT_PARALLEL_DATABASES  # at most the databases' connections
     max_total_series: int = DEFAULT_MAX_TOTAL_SERIES  # one pass, every collector; 0: no limit
     dry_run: bool = False
     explain: bool = False

@@ -86,6 +86,7 @@ def test_defaults(config: str) -> None:
     assert settings.backoff_ceiling == 600.0
     assert settings.max_connections == 4
     assert settings.max_total_series == 500_000
+    assert settings.parallel_databases == 2
     assert settings.auto_discovery is True
     assert (settings.log_level, settings.log_format) == ("info", "logfmt")
 
@@ -117,6 +118,7 @@ VALUE_CASES = [
     (["--backoff-ceiling=0"], "backoff_ceiling", 0.0),
     (["--max-connections", "2"], "max_connections", 2),
     (["--max-total-series", "0"], "max_total_series", 0),
+    (["--parallel-databases", "1"], "parallel_databases", 1),
     (["--log.level", "debug"], "log_level", "debug"),
     (["--log.level=WARN"], "log_level", "warn"),
     (["--log.format", "json"], "log_format", "json"),
@@ -145,6 +147,7 @@ ENV_CASES = [
     ("PG_EXPORTER_BACKOFF_CEILING", "2.5", "backoff_ceiling", 2.5),
     ("PG_EXPORTER_MAX_CONNECTIONS", "40", "max_connections", 40),
     ("PG_EXPORTER_MAX_TOTAL_SERIES", "1000", "max_total_series", 1000),
+    ("PG_EXPORTER_PARALLEL_DATABASES", "4", "parallel_databases", 4),
 ]
 
 
@@ -172,8 +175,8 @@ def test_empty_environment_variable_counts_as_unset(config: str) -> None:
 
 def test_every_documented_flag_is_in_the_table() -> None:
     """The flag table holds exactly §1's flags plus our --max-series,
-    --web.enable-openmetrics, --backoff-ceiling, --max-connections and --max-total-series,
-    with their short forms."""
+    --web.enable-openmetrics, --backoff-ceiling, --max-connections, --parallel-databases
+    and --max-total-series, with their short forms."""
     table = {flag.name: (flag.short, flag.env) for flag in FLAGS}
     assert table == {
         "help": ("h", ""), "version": ("", ""), "url": ("u", ""),
@@ -193,6 +196,7 @@ def test_every_documented_flag_is_in_the_table() -> None:
         "backoff-ceiling": ("", "PG_EXPORTER_BACKOFF_CEILING"),
         "max-connections": ("", "PG_EXPORTER_MAX_CONNECTIONS"),
         "max-total-series": ("", "PG_EXPORTER_MAX_TOTAL_SERIES"),
+        "parallel-databases": ("", "PG_EXPORTER_PARALLEL_DATABASES"),
         "explain": ("E", ""), "log.level": ("", ""), "log.format": ("", ""),
     }  # fmt: skip
 
@@ -368,6 +372,7 @@ def test_connect_timeout_floor(config: str, millis: str, seconds: float) -> None
         (["--backoff-ceiling", "inf"], "--backoff-ceiling must be a number of seconds >= 0"),
         (["--max-connections", "1"], "--max-connections must be at least 2"),
         (["--max-connections", "many"], "--max-connections must be a whole number"),
+        (["--parallel-databases", "0"], "--parallel-databases must be at least 1"),
         (["--max-total-series", "-1"], "--max-total-series must be 0 .no limit. or more"),
         (["--log.level", "trace"], "--log.level must be one of debug, info, warn, error"),
         (["--log.format", "text"], "--log.format must be one of logfmt, json"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from exporter.connections import ConnectionBudget, lru_victims
@@ -22,7 +24,7 @@ class FakeHolder:
 
     async def disconnect(self) -> None:
         self.connected = False
-        self.budget.released(self)
+        await self.budget.close(self, asyncio.sleep(0))
 
 
 def test_no_victim_while_there_is_room() -> None:
@@ -75,3 +77,29 @@ async def test_a_database_that_goes_is_forgotten() -> None:
     await holder.disconnect()
     budget.forget("gone")
     assert (budget.opened_by, budget.opened, budget.open) == ({}, 1, 0)
+
+
+async def test_a_walk_waits_while_every_connection_is_busy() -> None:
+    """With room for one and that one busy, another database waits for it to finish,
+    then takes its place: the budget is never exceeded."""
+    budget = ConnectionBudget(2)  # one for a database
+    a, b = FakeHolder(budget, "a"), FakeHolder(budget, "b")
+    await a.connect()
+    budget.busy(a, busy=True)
+    waiting = asyncio.create_task(b.connect())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    assert not b.connected
+    budget.busy(a, busy=False)
+    await waiting
+    assert (a.connected, b.connected, budget.peak) == (False, True, 1)
+
+
+async def test_a_reservation_given_back_frees_the_place() -> None:
+    """A connection that could not be opened gives its reserved place back."""
+    budget = ConnectionBudget(2)
+    holder = FakeHolder(budget, "a")
+    await budget.make_room(holder)
+    budget.cancel()
+    await holder.connect()  # would wait for ever if the place were still taken
+    assert budget.open == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,10 +20,19 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
+from exporter.cache import Outcome
 from exporter.web.app import create_app
 from exporter.web.state import STATE
-from rigs.localpg import LocalCluster
-from tests.integration.helpers import samples, settings_for, value, write_collectors
+from rigs.localpg import LocalCluster, LocalPgError
+from tests.integration.helpers import (
+    exporter_backends,
+    samples,
+    settings_for,
+    statement_calls,
+    value,
+    write_collectors,
+)
+from tests.integration.rawhttp import RawClient, Served, Start, get, poll, poll_async
 
 Client = TestClient[web.Request, web.Application]
 
@@ -56,6 +66,7 @@ async def _client(
     *,
     ttl: float,
     max_connections: int,
+    parallel: int = 1,
 ) -> Client:
     definitions = write_collectors(tmp_path, PERDB.format(ttl=ttl))
     settings = settings_for(
@@ -63,6 +74,7 @@ async def _client(
         auto_discovery=True,
         include_databases=tuple(names),
         max_connections=max_connections,
+        parallel_databases=parallel,
     )
     client: Client = await aiohttp_client(create_app(settings, definitions))
     return client
@@ -97,10 +109,12 @@ class BackendSampler:
 async def test_budget_never_exceeded_under_twenty_concurrent_requests(
     aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path, databases: list[str]
 ) -> None:
-    """30 databases, a budget of 4 and 20 requests at once: PostgreSQL never sees more than
-    4 exporter backends (the probe's included), and every answered scrape has every
-    database's series."""
-    client = await _client(aiohttp_client, pg18, tmp_path, databases, ttl=0, max_connections=4)
+    """30 databases walked three at a time, a budget of 4 and 20 requests at once:
+    PostgreSQL never sees more than 4 exporter backends (the probe's included), and every
+    answered scrape has every database's series."""
+    client = await _client(
+        aiohttp_client, pg18, tmp_path, databases, ttl=0, max_connections=4, parallel=3
+    )
     sampler = BackendSampler(pg18)
     sampling = asyncio.create_task(sampler.run())
     try:
@@ -168,6 +182,15 @@ async def _scrape_until(client: Client, done: Callable[[str], bool], what: str) 
     raise AssertionError(what)  # pragma: no cover - the timeout raises first
 
 
+def _dropped(cluster: LocalCluster, name: str) -> bool:
+    """Drop ``name`` (terminating its sessions); False when a new session got in first."""
+    try:
+        cluster.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    except LocalPgError:
+        return False
+    return True
+
+
 async def test_databases_created_and_dropped_in_bulk_leave_nothing_behind(
     aiohttp_client: AiohttpClient, pg18: LocalCluster, tmp_path: Path
 ) -> None:
@@ -190,9 +213,8 @@ async def test_databases_created_and_dropped_in_bulk_leave_nothing_behind(
     try:
         await asyncio.to_thread(cluster.psql, "\n".join(f"CREATE DATABASE {n};" for n in names))
         await _scrape_until(client, lambda b: set(names) <= present(b), "all discovered")
-        await asyncio.to_thread(
-            cluster.psql, "\n".join(f"DROP DATABASE {n} WITH (FORCE);" for n in names)
-        )
+        for name in names:  # a scrape may connect between FORCE's kill and its check
+            await poll_async(functools.partial(_dropped, cluster, name), f"{name} dropped")
         body = await _scrape_until(client, lambda b: not set(names) & present(b), "all gone")
     finally:
         scraping.cancel()
@@ -263,3 +285,96 @@ async def test_the_series_budget_leaves_out_whole_collectors_and_says_so(
     assert value(body, "pg_exporter_series_limit") == 1000
     warnings = [r for r in caplog.records if "series budget of 1000 reached" in r.getMessage()]
     assert len(warnings) == 1
+
+
+# --- the bounded-scrape contract with databases walked in parallel -----------------------
+
+
+def _marker() -> str:
+    return f"m{uuid.uuid4().hex[:10]}"
+
+
+def _sleepy(marker: str, seconds: str, *, timeout: float) -> str:
+    """One collector on every database, sleeping ``seconds`` (an SQL expression)."""
+    return f"""
+    sleepy:
+      query: SELECT 1 AS {marker} FROM pg_sleep({seconds})
+      ttl: 60
+      timeout: {timeout}
+      metrics:
+        - {marker}: {{usage: GAUGE, description: probe}}
+    """
+
+
+def _running(cluster: LocalCluster, marker: str) -> bool:
+    """True while a backend of the exporter is executing the marked query."""
+    out = cluster.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
+        f"AND state = 'active' AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
+    )
+    return out.strip() != "0"
+
+
+def _cached_ok(served: Served) -> int:
+    """Databases whose ``sleepy`` result is cached and good."""
+    exporter = served.app[STATE].exporter
+    entries = [server.entries.get("sleepy") for server in exporter.servers]
+    return sum(1 for e in entries if e is not None and e.outcome is Outcome.OK)
+
+
+async def _parallel(start: Start, cluster: LocalCluster, text: str, names: list[str]) -> Served:
+    return await start(
+        cluster, text, auto_discovery=True, include_databases=tuple(names),
+        max_connections=4, parallel_databases=3,
+    )  # fmt: skip
+
+
+async def test_parallel_walks_start_nothing_once_the_budget_is_spent(
+    pg18: LocalCluster, start: Start, databases: list[str]
+) -> None:
+    """With three databases at a time, a budget spent mid-pass answers 503 and starts no
+    further collector (B10); those started finish and are cached (B11)."""
+    m = _marker()
+    served = await _parallel(start, pg18, _sleepy(m, "0.3", timeout=5), databases)
+    short = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.5"})
+    assert short.status == 503
+    await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
+    cached = _cached_ok(served)
+    await poll_async(lambda: statement_calls(pg18, m) == cached, "every run in the log")
+    assert 1 <= cached <= 1 + 2 * 3  # main, then one or two waves of three at most
+
+
+async def test_parallel_walks_stop_when_the_client_leaves(
+    pg18: LocalCluster, start: Start, databases: list[str]
+) -> None:
+    """A client that hangs up while three databases run: those collectors finish and are
+    cached (B11), no further one starts (B10), and the next scrape is served whole."""
+    m = _marker()
+    served = await _parallel(start, pg18, _sleepy(m, "0.5", timeout=5), databases)
+    leaver = await RawClient.send(served.port)
+    await poll(lambda: _cached_ok(served) >= 1, "the main database's collector")
+    await poll_async(lambda: _running(pg18, m), "discovered databases to run")
+    leaver.hang_up()
+    await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
+    cached = _cached_ok(served)
+    await poll_async(lambda: statement_calls(pg18, m) == cached, "every run in the log")
+    assert cached < 31
+
+
+async def test_unbounded_collector_in_a_discovered_database_is_cancelled_in_postgres(
+    pg18: LocalCluster, start: Start, databases: list[str]
+) -> None:
+    """An unbounded collector running in a discovered database, beside others walked in
+    parallel, is cancelled in PostgreSQL (57014) when its client leaves (B12)."""
+    m, target = _marker(), databases[4]
+    seconds = f"CASE WHEN current_database() = '{target}' THEN 30 ELSE 0 END"
+    served = await _parallel(start, pg18, _sleepy(m, seconds, timeout=-1), databases[:8])
+    leaver = await RawClient.send(served.port)
+    await poll_async(lambda: _running(pg18, m), f"the unbounded collector in {target}")
+    leaver.hang_up()
+    await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
+    busy = "state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
+    await poll_async(lambda: exporter_backends(pg18, busy) == 0, "no busy backend", within=10)
+    assert any("57014" in line and m in line for line in pg18.log_text().splitlines())
+    entry = served.app[STATE].exporter.discovered[target].entries["sleepy"]
+    assert entry.outcome is Outcome.CANCELLED
