@@ -241,46 +241,37 @@ def _connect_timeout(src: _Source) -> float:
     return (millis if millis > 0 else defaults.DEFAULT_CONNECT_TIMEOUT_MS) / 1000
 
 
-def _max_series(src: _Source) -> int:
-    value = _integer(src, "max-series", defaults.DEFAULT_MAX_SERIES)
-    if value <= 0:
-        found = src.lookup("max-series")
-        origin = found[1] if found else "--max-series"
-        raise UsageError(f"{origin} must be greater than 0, not {value}")
+def _at_least(src: _Source, name: str, default: int, minimum: int, requirement: str) -> int:
+    """A whole-number setting of at least ``minimum``; the error says ``requirement``."""
+    value = _integer(src, name, default)
+    if value < minimum:
+        found = src.lookup(name)
+        origin = found[1] if found else f"--{name}"
+        raise UsageError(f"{origin} must be {requirement}, not {value}")
     return value
+
+
+def _max_series(src: _Source) -> int:
+    return _at_least(src, "max-series", defaults.DEFAULT_MAX_SERIES, 1, "greater than 0")
 
 
 def _max_connections(src: _Source) -> int:
-    """A whole number >= 2: the health probe's connection and at least one database's."""
-    value = _integer(src, "max-connections", defaults.DEFAULT_MAX_CONNECTIONS)
-    if value < defaults.MIN_MAX_CONNECTIONS:
-        found = src.lookup("max-connections")
-        origin = found[1] if found else "--max-connections"
-        raise UsageError(
-            f"{origin} must be at least {defaults.MIN_MAX_CONNECTIONS} (the health probe's "
-            f"connection and one database's), not {value}"
-        )
-    return value
+    """At least 2: the health probe's connection and at least one database's."""
+    minimum = defaults.MIN_MAX_CONNECTIONS
+    requirement = f"at least {minimum} (the health probe's connection and one database's)"
+    return _at_least(src, "max-connections", defaults.DEFAULT_MAX_CONNECTIONS, minimum, requirement)
 
 
 def _parallel_databases(src: _Source) -> int:
-    """A whole number >= 1; the exporter caps it at the databases' share of the budget."""
-    value = _integer(src, "parallel-databases", defaults.DEFAULT_PARALLEL_DATABASES)
-    if value < 1:
-        found = src.lookup("parallel-databases")
-        origin = found[1] if found else "--parallel-databases"
-        raise UsageError(f"{origin} must be at least 1, not {value}")
-    return value
+    """At least 1; the exporter caps it at the databases' share of the budget."""
+    default = defaults.DEFAULT_PARALLEL_DATABASES
+    return _at_least(src, "parallel-databases", default, 1, "at least 1")
 
 
 def _max_total_series(src: _Source) -> int:
-    """A whole number >= 0; 0 turns the exposition-wide budget off."""
-    value = _integer(src, "max-total-series", defaults.DEFAULT_MAX_TOTAL_SERIES)
-    if value < 0:
-        found = src.lookup("max-total-series")
-        origin = found[1] if found else "--max-total-series"
-        raise UsageError(f"{origin} must be 0 (no limit) or more, not {value}")
-    return value
+    """0 or more; 0 turns the exposition-wide budget off."""
+    default = defaults.DEFAULT_MAX_TOTAL_SERIES
+    return _at_least(src, "max-total-series", default, 0, "0 (no limit) or more")
 
 
 def _backoff_ceiling(src: _Source) -> float:

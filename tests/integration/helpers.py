@@ -135,3 +135,12 @@ def exporter_backends(cluster: LocalCluster, where: str = "true", *, probe: bool
         f"AND ({where}) AND {not_probe} AND pid <> pg_backend_pid()"
     )
     return int(out.strip())
+
+
+def exporter_running(cluster: LocalCluster, marker: str) -> bool:
+    """True while a backend of the exporter is executing the marked query."""
+    out = cluster.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
+        f"AND state = 'active' AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
+    )
+    return out.strip() != "0"

@@ -20,6 +20,7 @@ from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import (
     exporter_backends,
+    exporter_running,
     statement_calls,
     value,
 )
@@ -55,15 +56,6 @@ def _sleeper(
     """
 
 
-def _running(cluster: LocalCluster, marker: str) -> bool:
-    """True while a backend of the exporter is executing the marked query."""
-    out = cluster.psql(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
-        f"AND state = 'active' AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
-    )
-    return out.strip() != "0"
-
-
 def _entry_outcome(served: Served, key: str) -> Outcome | None:
     entry = served.app[STATE].exporter.main.entries.get(key)
     return entry.outcome if entry else None
@@ -81,7 +73,7 @@ async def test_overlapping_scrapes_share_one_execution_and_third_is_refused(
     m = _marker()
     served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60))
     first = await RawClient.send(served.port)
-    await poll_async(lambda: _running(pg, m), "the first pass to run the query")
+    await poll_async(lambda: exporter_running(pg, m), "the first pass to run the query")
     second = await RawClient.send(served.port)
     await poll(lambda: _admitted(served) == 2, "the second request to be admitted")
     started = time.monotonic()
@@ -127,7 +119,7 @@ async def test_waiter_that_hangs_up_frees_its_slot(pg18: LocalCluster, start: St
     served = await start(pg18, _sleeper("slow", m, 3, timeout=10, ttl=60))
     lock = served.app[STATE].exporter.lock
     first = await RawClient.send(served.port)
-    await poll_async(lambda: _running(pg18, m), "the first pass to run the query")
+    await poll_async(lambda: exporter_running(pg18, m), "the first pass to run the query")
     waiter = await RawClient.send(served.port)
     await poll(lambda: _admitted(served) == 2, "the waiter to be admitted")
     waiter.hang_up()
@@ -200,7 +192,7 @@ async def test_scrapes_sharing_a_pass_each_get_their_own_encoding(
         headers={"Accept": "application/openmetrics-text; version=1.0.0",
                  "Accept-Encoding": "gzip"},
     )  # fmt: skip
-    await poll_async(lambda: _running(pg, m), "the pass to run the query")
+    await poll_async(lambda: exporter_running(pg, m), "the pass to run the query")
     plain = await RawClient.send(served.port)
     await poll(lambda: _admitted(served) == 2, "the second request to be admitted")
     a, b = await rich.response(), await plain.response()
@@ -224,7 +216,7 @@ async def test_hang_up_during_bounded_collector_completes_and_caches(
     m = _marker()
     served = await start(pg, _sleeper("slow", m, 0.8, timeout=5, ttl=60, fatal=fatal))
     leaver = await RawClient.send(served.port)
-    await poll_async(lambda: _running(pg, m), "the collector to run")
+    await poll_async(lambda: exporter_running(pg, m), "the collector to run")
     leaver.hang_up()
     await poll(lambda: _entry_outcome(served, "slow") is Outcome.OK, "the collector to finish")
     await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
@@ -249,7 +241,7 @@ async def test_hang_up_during_unbounded_fatal_collector_is_no_error(
     m = _marker()
     served = await start(pg, _sleeper("doomed", m, 5, timeout=-1, ttl=60, fatal=True))
     leaver = await RawClient.send(served.port)
-    await poll_async(lambda: _running(pg, m), "the unbounded collector to run")
+    await poll_async(lambda: exporter_running(pg, m), "the unbounded collector to run")
     leaver.hang_up()
     await poll(lambda: _entry_outcome(served, "doomed") is Outcome.CANCELLED, "the cancel")
     exporter = served.app[STATE].exporter
@@ -269,7 +261,7 @@ async def test_hang_up_cancels_unbounded_collector_in_postgres(
     m = _marker()
     served = await start(pg, _sleeper("forever", m, 2, timeout=-1, ttl=2))
     leaver = await RawClient.send(served.port)
-    await poll_async(lambda: _running(pg, m), "the unbounded collector to run")
+    await poll_async(lambda: exporter_running(pg, m), "the unbounded collector to run")
     leaver.hang_up()
     await poll(lambda: _entry_outcome(served, "forever") is Outcome.CANCELLED, "the cancel")
     busy = "state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
@@ -398,7 +390,7 @@ async def test_waiting_for_the_pass_spends_the_same_budget(
     m = _marker()
     served = await start(pg18, _sleeper("slow", m, 2, timeout=5, ttl=0))
     first = await RawClient.send(served.port)
-    await poll_async(lambda: _running(pg18, m), "the first pass to run the query")
+    await poll_async(lambda: exporter_running(pg18, m), "the first pass to run the query")
     started = time.monotonic()
     waiter = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.3"})
     waited = time.monotonic() - started

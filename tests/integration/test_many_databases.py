@@ -26,6 +26,7 @@ from exporter.web.state import STATE
 from rigs.localpg import LocalCluster, LocalPgError
 from tests.integration.helpers import (
     exporter_backends,
+    exporter_running,
     samples,
     settings_for,
     statement_calls,
@@ -306,15 +307,6 @@ def _sleepy(marker: str, seconds: str, *, timeout: float) -> str:
     """
 
 
-def _running(cluster: LocalCluster, marker: str) -> bool:
-    """True while a backend of the exporter is executing the marked query."""
-    out = cluster.psql(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
-        f"AND state = 'active' AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
-    )
-    return out.strip() != "0"
-
-
 def _cached_ok(served: Served) -> int:
     """Databases whose ``sleepy`` result is cached and good."""
     exporter = served.app[STATE].exporter
@@ -353,7 +345,7 @@ async def test_parallel_walks_stop_when_the_client_leaves(
     served = await _parallel(start, pg18, _sleepy(m, "0.5", timeout=5), databases)
     leaver = await RawClient.send(served.port)
     await poll(lambda: _cached_ok(served) >= 1, "the main database's collector")
-    await poll_async(lambda: _running(pg18, m), "discovered databases to run")
+    await poll_async(lambda: exporter_running(pg18, m), "discovered databases to run")
     leaver.hang_up()
     await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
     cached = _cached_ok(served)
@@ -370,7 +362,7 @@ async def test_unbounded_collector_in_a_discovered_database_is_cancelled_in_post
     seconds = f"CASE WHEN current_database() = '{target}' THEN 30 ELSE 0 END"
     served = await _parallel(start, pg18, _sleepy(m, seconds, timeout=-1), databases[:8])
     leaver = await RawClient.send(served.port)
-    await poll_async(lambda: _running(pg18, m), f"the unbounded collector in {target}")
+    await poll_async(lambda: exporter_running(pg18, m), f"the unbounded collector in {target}")
     leaver.hang_up()
     await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
     busy = "state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
