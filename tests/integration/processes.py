@@ -1,5 +1,5 @@
-"""Real processes for integration tests: the exporter (``python -m exporter``) and a
-Debian HAProxy routing by the exporters' health paths."""
+"""Real processes for integration tests: the exporter (``python -m exporter``), a Debian
+Prometheus, and a Debian HAProxy routing by the exporters' health paths."""
 
 from __future__ import annotations
 
@@ -112,3 +112,25 @@ def haproxy_states(text: str) -> dict[tuple[str, str], str]:
 def settles(stats_url: str, want: dict[tuple[str, str], str]) -> bool:
     """True when HAProxy's checks currently decide exactly ``want``."""
     return haproxy_states(http_get(stats_url)[1]) == want
+
+
+@contextlib.contextmanager
+def prometheus(home: Path, config: str, *flags: str) -> Iterator[str]:
+    """Debian's prometheus with ``config`` (YAML text); yields its base URL once ready."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is missing: scripts/setup installs it"
+    (home / "prometheus.yml").write_text(config)
+    port = free_port()
+    with (home / "prometheus.log").open("wb") as sink:
+        process = subprocess.Popen(
+            [binary, f"--config.file={home / 'prometheus.yml'}",
+             f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+             *flags],
+            stdout=sink, stderr=sink,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_get(f"{base}/-/ready")[0] == 200, "prometheus to be ready")
+        yield base
+    finally:
+        terminate(process)

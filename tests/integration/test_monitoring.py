@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
 import urllib.parse
 from collections.abc import Iterator
@@ -14,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rigs.localpg import LocalCluster, free_port, pg18_bindir
+from rigs.localpg import LocalCluster, pg18_bindir
 from tests.integration.helpers import http_get, terminate, wait_for
-from tests.integration.processes import exporter
+from tests.integration.processes import exporter, prometheus
 from tests.monitoring import RULE_FILES, Expression, dashboard_expressions, recording_rules
 
 # Scrapes and rule evaluations every second, so that rates over the dashboards' 10 s
@@ -39,27 +38,11 @@ _LOAD_SECONDS = 40
 _TPS = "max(pg:xact_total:rate5m)"
 
 
-@contextlib.contextmanager
-def _prometheus(home: Path, targets: tuple[int, int]) -> Iterator[str]:
+def _prometheus(home: Path, targets: tuple[int, int]) -> contextlib.AbstractContextManager[str]:
     """Debian's prometheus with the mixin's rule files, scraping ``targets``."""
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is missing: scripts/setup installs it"
     rules = ", ".join(f"'{path}'" for path in RULE_FILES)
-    (home / "prometheus.yml").write_text(_CONFIG % (rules, *targets))
-    port = free_port()
-    with (home / "prometheus.log").open("wb") as sink:
-        process = subprocess.Popen(
-            [binary, f"--config.file={home / 'prometheus.yml'}",
-             f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-             "--enable-feature=extra-scrape-metrics"],
-            stdout=sink, stderr=sink,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: http_get(f"{base}/-/ready")[0] == 200, "prometheus to be ready")
-        yield base
-    finally:
-        terminate(process)
+    # The budget line of the exporter dashboard reads scrape_timeout_seconds.
+    return prometheus(home, _CONFIG % (rules, *targets), "--enable-feature=extra-scrape-metrics")
 
 
 @contextlib.contextmanager

@@ -4,19 +4,16 @@ way its health checks against the Go exporter would (issue 11)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import subprocess
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rigs.localpg import LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import http_get, samples, terminate, wait_for
-from tests.integration.processes import Backend, exporter, haproxy, settles
+from rigs.localpg import LocalCluster, pg18_bindir
+from tests.integration.helpers import http_get, samples, wait_for
+from tests.integration.processes import Backend, exporter, haproxy, prometheus, settles
 
 # --- Prometheus -------------------------------------------------------------------------
 
@@ -33,27 +30,6 @@ scrape_configs:
 # Series Prometheus makes itself for every target.
 _SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped",
               "scrape_samples_post_metric_relabeling", "scrape_series_added"}  # fmt: skip
-
-
-@contextlib.contextmanager
-def _prometheus(target: int, home: Path) -> Iterator[str]:
-    """Debian's prometheus scraping ``target``; yields its API base URL once ready."""
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is missing: scripts/setup installs it"
-    (home / "prometheus.yml").write_text(_PROMETHEUS_CONFIG % target)
-    port = free_port()
-    with (home / "prometheus.log").open("wb") as sink:
-        process = subprocess.Popen(
-            [binary, f"--config.file={home / 'prometheus.yml'}",
-             f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=sink, stderr=sink,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: http_get(f"{base}/-/ready")[0] == 200, "prometheus to be ready")
-        yield base
-    finally:
-        terminate(process)
 
 
 def _api(base: str, path: str, **params: str) -> object:
@@ -86,12 +62,12 @@ def test_prometheus_stores_every_name_as_exposed(
     stays pg_db_xact_commit), so dashboards written for the Go exporter find them."""
     with (
         exporter(pg18.dsn(), tmp_path / "exporter.log") as port,
-        _prometheus(port, tmp_path) as prometheus,
+        prometheus(tmp_path, _PROMETHEUS_CONFIG % port) as api,
     ):
-        wait_for(lambda: _scrapes(prometheus) >= 3, "three scrapes by prometheus")
+        wait_for(lambda: _scrapes(api) >= 3, "three scrapes by prometheus")
         _, exposition = http_get(f"http://127.0.0.1:{port}/metrics")
-        stored = _api(prometheus, "label/__name__/values")
-        metadata = _api(prometheus, "metadata")
+        stored = _api(api, "label/__name__/values")
+        metadata = _api(api, "metadata")
     assert isinstance(stored, list)
     assert isinstance(metadata, dict)
     exposed = {name for name, _ in samples(exposition)}
