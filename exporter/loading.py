@@ -252,21 +252,39 @@ def _yaml_files(path: str) -> list[str]:
 
 def _read_file(path: str, index: int) -> ParsedDocument:
     """One file's text validated; an unreadable or oversized file is a problem of its own."""
+    notes = Notes(path)
+    text = read_text(path, notes, "check --config or PG_EXPORTER_CONFIG")
+    if text is None:
+        return ParsedDocument((), tuple(notes.problems))
+    return read_document(text, path, index)
+
+
+def read_text(path: str, notes: Notes, missing_hint: str) -> str | None:
+    """A YAML file's text, or None after noting why it cannot be read: not a regular
+    file (a FIFO would block, a device not end), missing, unreadable, or too large."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device not end
-            return ParsedDocument((), (Problem(path, "not a regular file"),))
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            notes.error("", "not a regular file")
+            return None
         with Path(path).open(encoding="utf-8") as file:
             text = file.read(MAX_FILE_CHARS + 1)  # never the whole of a huge file
     except FileNotFoundError:
-        reason = "no such file or directory; check --config or PG_EXPORTER_CONFIG"
-        return ParsedDocument((), (Problem(path, reason),))
+        notes.error("", f"no such file or directory; {missing_hint}")
+        return None
     except (OSError, UnicodeDecodeError) as exc:
-        return ParsedDocument((), (Problem(path, f"cannot read the file: {exc}"),))
+        notes.error("", f"cannot read the file: {exc}")
+        return None
     if len(text) > MAX_FILE_CHARS:
         limit = MAX_FILE_CHARS // 1024 // 1024
-        reason = f"more than {limit} MiB of text, the most a collector file may hold; split it"
-        return ParsedDocument((), (Problem(path, reason),))
-    return read_document(text, path, index)
+        notes.error("", f"more than {limit} MiB of text, the most a config file may hold; split it")
+        return None
+    return text
+
+
+def parse_yaml(text: str, notes: Notes) -> Any:
+    """The document's data under the loader's limits (aliases, size, values), or None
+    after noting a syntax error: for any YAML file the exporter reads."""
+    return _parse_yaml(text, notes)
 
 
 def _ordered(collectors: Iterable[Collector]) -> tuple[Collector, ...]:

@@ -1,0 +1,321 @@
+"""The targets file of a fleet: each declared target as the settings that watch it.
+
+A fleet exporter serves ``/probe?target=NAME`` for every target its targets file
+declares, and nothing else: a request names a target, it never supplies a URL,
+host or credentials. Each target is the process's settings with its own URL and
+options; its password may come from the URL, an environment variable or a file,
+and is shown and logged only masked, as the one target of ``--url`` is.
+
+The file (see docs/fleet.md)::
+
+    defaults:                 # optional: options every target starts from
+      password_file: /etc/pg_exporter/password
+    targets:
+      - name: orders-primary  # [A-Za-z0-9][A-Za-z0-9_.-]*, at most 64 characters
+        url: postgresql://exporter@10.0.0.5:5432/postgres
+        labels: {cluster: orders}
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from psycopg.conninfo import make_conninfo
+
+from exporter.errors import ConfigError, TargetError, excerpt
+from exporter.loading import parse_yaml, read_text
+from exporter.settings import MIN_MAX_CONNECTIONS, Settings
+from exporter.validation import LABEL_NAME, Notes, kind_of
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_TARGETS = 10_000
+MAX_SECRET_CHARS = 64 * 1024  # a password or URL file holds one line, not megabytes
+
+# Where a target's URL and password may come from: exactly one URL source, at most
+# one password source.
+URL_SOURCES = ("url", "url_env", "url_file")
+PASSWORD_SOURCES = ("password_env", "password_file")
+# Options a target (or the defaults) may set; each replaces the process-wide setting.
+OPTIONS = frozenset(
+    {
+        "labels",
+        "tags",
+        "auto_discovery",
+        "include_databases",
+        "exclude_databases",
+        "max_connections",
+        "parallel_databases",
+        "namespace",
+        *PASSWORD_SOURCES,
+    }
+)
+TARGET_FIELDS = frozenset({"name", *URL_SOURCES, *OPTIONS})
+TOP_LEVEL = frozenset({"targets", "defaults"})
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredTarget:
+    """One target of the fleet: its name and the settings that watch it."""
+
+    name: str
+    settings: Settings  # the process's settings with this target's URL and options
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """Every target of a targets file, in the file's order, and what to warn about."""
+
+    path: str
+    targets: tuple[DeclaredTarget, ...]
+    secret_files: tuple[str, ...] = ()  # URL and password files read: a reload re-reads them
+    warnings: tuple[str, ...] = ()
+
+    def names(self) -> list[str]:
+        """The declared names, in the file's order."""
+        return [target.name for target in self.targets]
+
+
+def load_targets(path: str, base: Settings, environ: Mapping[str, str] | None = None) -> Declared:
+    """Every target ``path`` declares, each as ``base`` with its own URL and options.
+
+    ConfigError lists every problem, each located as ``file:targets[i](name).field``;
+    no message ever quotes a URL, password or the content of a secret file.
+    """
+    env = os.environ if environ is None else environ
+    notes = Notes(path)
+    text = read_text(path, notes, "check --targets.file or PG_EXPORTER_TARGETS_FILE")
+    data = parse_yaml(text, notes) if text is not None else None
+    reader = _Reader(notes, base, env)
+    targets = reader.document(data) if not notes.problems else []
+    if notes.problems:
+        raise ConfigError(notes.problems, f"{path}: the targets file has problems")
+    return Declared(path, tuple(targets), tuple(reader.secret_files), tuple(notes.warnings))
+
+
+class _Reader:
+    """Reads a parsed targets file, noting every problem it finds."""
+
+    def __init__(self, notes: Notes, base: Settings, environ: Mapping[str, str]) -> None:
+        self.notes = notes
+        self.base = base
+        self.environ = environ
+        self.secret_files: list[str] = []
+
+    def document(self, data: object) -> list[DeclaredTarget]:
+        notes = self.notes
+        if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
+            got = kind_of(data.get("targets") if isinstance(data, dict) else data)
+            notes.error("targets", f"the file needs a list of targets under 'targets', got {got}")
+            return []
+        for key in data:
+            if key not in TOP_LEVEL:
+                notes.error(str(key), f"unknown top-level key{_suggest(key, TOP_LEVEL)}")
+        defaults = data.get("defaults") or {}
+        if not isinstance(defaults, dict):
+            notes.error("defaults", f"must be a mapping of target options, got {kind_of(defaults)}")
+            defaults = {}
+        for key in defaults:
+            if key not in OPTIONS:
+                notes.error(
+                    f"defaults.{key}",
+                    f"not an option every target can share{_suggest(key, OPTIONS)}",
+                )
+        raw: list[Any] = data["targets"]
+        if len(raw) > MAX_TARGETS:
+            notes.error("targets", f"{len(raw)} targets; at most {MAX_TARGETS} may be declared")
+            return []
+        if not raw:
+            notes.warn("targets", "no target is declared: /probe answers 404 for every name")
+        found: list[DeclaredTarget] = []
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(raw):
+            target = self.target(index, entry, defaults)
+            if target is None:
+                continue
+            if target.name in seen:
+                notes.error(f"targets[{index}].name", f"{target.name!r} is already the name of "
+                            f"targets[{seen[target.name]}]; names must be unique")  # fmt: skip
+                continue
+            seen[target.name] = index
+            found.append(target)
+        return found
+
+    def target(self, index: int, entry: object, defaults: dict[Any, Any]) -> DeclaredTarget | None:
+        notes = self.notes
+        where = f"targets[{index}]"
+        if not isinstance(entry, dict):
+            notes.error(
+                where, f"a target must be a mapping with name and url, got {kind_of(entry)}"
+            )
+            return None
+        name = entry.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            rule = "a name of 1-64 letters, digits, '_', '.' or '-' is required"
+            notes.error(f"{where}.name", f"{rule} (what ?target= asks for), got {excerpt(name)}")
+            return None
+        where = f"{where}({name})"
+        before = len(notes.problems)
+        for key in entry:
+            if key not in TARGET_FIELDS:
+                notes.error(f"{where}.{key}", f"unknown field{_suggest(key, TARGET_FIELDS)}")
+        merged = {**defaults, **entry}
+        url = self.url(where, entry)
+        password = self.password(where, merged)
+        settings = self.options(where, merged)
+        if len(notes.problems) > before or url is None or settings is None:
+            return None
+        if password is not None:
+            url = make_conninfo(url, password=password)
+        try:
+            settings = replace(settings, url=url)
+        except TargetError as exc:  # the message never quotes the URL
+            notes.error(f"{where}.url", str(exc))
+            return None
+        return DeclaredTarget(name, settings)
+
+    def url(self, where: str, entry: dict[Any, Any]) -> str | None:
+        given = [key for key in URL_SOURCES if entry.get(key) is not None]
+        if len(given) != 1:
+            why = "none is given" if not given else f"{' and '.join(given)} are given"
+            self.notes.error(
+                where, f"exactly one of {', '.join(URL_SOURCES)} names the target; {why}"
+            )
+            return None
+        key = given[0]
+        value = entry[key]
+        if not isinstance(value, str) or not value.strip():
+            self.notes.error(f"{where}.{key}", f"must be a non-empty string, got {kind_of(value)}")
+            return None
+        if key == "url":
+            return value
+        return self.secret(f"{where}.{key}", key, value, "the target URL")
+
+    def password(self, where: str, merged: dict[Any, Any]) -> str | None:
+        given = [key for key in PASSWORD_SOURCES if merged.get(key) is not None]
+        if len(given) > 1:
+            self.notes.error(where, "give password_env or password_file, not both")
+            return None
+        if not given:
+            return None
+        key = given[0]
+        value = merged[key]
+        if not isinstance(value, str) or not value.strip():
+            self.notes.error(f"{where}.{key}", f"must be a non-empty string, got {kind_of(value)}")
+            return None
+        return self.secret(f"{where}.{key}", key, value, "the password")
+
+    def secret(self, where: str, key: str, source: str, what: str) -> str | None:
+        """The value of an environment variable or the first line of a file: never quoted."""
+        if key.endswith("_env"):
+            value = self.environ.get(source, "")
+            if not value:
+                self.notes.error(
+                    where, f"environment variable {source!r} ({what}) is unset or empty"
+                )
+                return None
+            return value
+        self.secret_files.append(source)
+        try:
+            with open(source, encoding="utf-8") as handle:
+                text = handle.read(MAX_SECRET_CHARS + 1)
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            self.notes.error(where, f"cannot read {source!r} ({what}): {reason}")
+            return None
+        value = text.strip("\r\n")
+        if not value or len(text) > MAX_SECRET_CHARS or "\n" in value:
+            self.notes.error(where, f"{source!r} must hold {what} on one line")
+            return None
+        return value
+
+    def options(self, where: str, merged: dict[Any, Any]) -> Settings | None:
+        """The base settings with the target's options; None after noting a problem."""
+        before = len(self.notes.problems)
+        changes: dict[str, Any] = {}
+        for key, read in _OPTION_READERS.items():
+            if merged.get(key) is not None:
+                value = read(self, f"{where}.{key}", merged[key])
+                if value is not None:
+                    changes[_SETTING_OF.get(key, key)] = value
+        if len(self.notes.problems) > before:
+            return None
+        return replace(self.base, **changes)
+
+    def labels(self, where: str, value: object) -> tuple[tuple[str, str], ...] | None:
+        if not isinstance(value, dict):
+            self.notes.error(
+                where, f"must be a mapping of label names to values, got {kind_of(value)}"
+            )
+            return None
+        pairs = dict(self.base.const_labels)  # the target's labels add to --label's
+        for key, text in value.items():
+            if not isinstance(key, str) or not LABEL_NAME.fullmatch(key) or key.startswith("__"):
+                self.notes.error(
+                    f"{where}.{key}", "not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+                )
+            elif not isinstance(text, (str, int, float)) or isinstance(text, bool):
+                self.notes.error(
+                    f"{where}.{key}", f"a label value must be text, got {kind_of(text)}"
+                )
+            else:
+                pairs[key] = str(text)
+        return tuple(pairs.items())
+
+    def words(self, where: str, value: object) -> tuple[str, ...] | None:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            self.notes.error(where, f"must be a list of names, got {kind_of(value)}")
+            return None
+        return tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+
+    def switch(self, where: str, value: object) -> bool | None:
+        if not isinstance(value, bool):
+            self.notes.error(where, f"must be true or false, got {kind_of(value)}")
+            return None
+        return value
+
+    def count(self, where: str, value: object, minimum: int) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.notes.error(
+                where, f"must be a whole number of at least {minimum}, got {excerpt(value)}"
+            )
+            return None
+        return value
+
+    def namespace(self, where: str, value: object) -> str | None:
+        if not isinstance(value, str) or not LABEL_NAME.fullmatch(value):
+            self.notes.error(where, f"must be a valid metric name prefix, got {excerpt(value)}")
+            return None
+        return value
+
+
+def _secret_source(reader: _Reader, where: str, value: object) -> None:
+    """Password sources are read by :meth:`_Reader.password`, not as settings."""
+    return
+
+
+_Read = Callable[[_Reader, str, Any], Any]
+_OPTION_READERS: dict[str, _Read] = {
+    "labels": _Reader.labels,
+    "tags": _Reader.words,
+    "auto_discovery": _Reader.switch,
+    "include_databases": _Reader.words,
+    "exclude_databases": _Reader.words,
+    "max_connections": lambda r, w, v: r.count(w, v, MIN_MAX_CONNECTIONS),
+    "parallel_databases": lambda r, w, v: r.count(w, v, 1),
+    "namespace": _Reader.namespace,
+    "password_env": _secret_source,
+    "password_file": _secret_source,
+}
+_SETTING_OF = {"labels": "const_labels"}
+
+
+def _suggest(key: object, known: frozenset[str]) -> str:
+    close = difflib.get_close_matches(str(key), sorted(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} (known: {', '.join(sorted(known))})"
