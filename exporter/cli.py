@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import exporter
 from exporter import settings as defaults
+from exporter.declared import Declared, load_targets
 from exporter.dryrun import render_definitions
 from exporter.errors import ConfigError, InfoRequested, TargetError, UsageError
 from exporter.flags import BY_LONG, bool_text, scan
@@ -71,6 +72,10 @@ def _settings(src: _Source, url: str) -> Settings:
         max_connections=_max_connections(src),
         max_total_series=_max_total_series(src),
         parallel_databases=_parallel_databases(src),
+        targets_file=_existing_file(src, "targets.file"),
+        max_concurrent_targets=_at_least(
+            src, "targets.max-concurrent", defaults.DEFAULT_MAX_CONCURRENT_TARGETS, 1, "at least 1"
+        ),
         dry_run=src.switch("dry-run", default=False),
         explain=src.switch("explain", default=False),
         log_level=_choice(src, "log.level", tuple(LEVELS), "info"),
@@ -147,9 +152,12 @@ def _config(src: _Source) -> tuple[str, str]:
 
 
 def _existing_file(src: _Source, name: str) -> str | None:
-    path = src.text(name)
-    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
-        raise UsageError(f"--{name} {path!r} is not a readable file")
+    found = src.lookup(name)
+    if found is None:
+        return None
+    path, origin = found
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        raise UsageError(f"{origin} {path!r} is not a readable file")
     return path
 
 
@@ -343,21 +351,28 @@ def _clear_libpq_overrides() -> None:
 def _run(settings: Settings) -> int:
     from exporter.loading import load_for_settings
 
+    where = (
+        {"targets": settings.targets_file}
+        if settings.targets_file
+        else {"url": settings.masked_url}
+    )
     log.info(
         "pg_exporter starting",
-        extra={
-            "version": exporter.__version__,
-            "url": settings.masked_url,
-            "config": settings.config,
-        },
+        extra={"version": exporter.__version__, **where, "config": settings.config},
     )
     definitions = load_for_settings(settings)
     for warning in definitions.warnings:
         log.warning(warning, extra={"config": settings.config})
+    declared = _declared_targets(settings)
     if settings.dry_run:
         print(render_definitions(definitions), end="")
         return 0
     if settings.explain:
+        if declared is not None:
+            raise UsageError(
+                "--explain reads the one target of --url; in fleet mode read "
+                "/explain?target=NAME of the running exporter"
+            )
         from exporter import explain
 
         return explain.run(settings, definitions)
@@ -365,4 +380,20 @@ def _run(settings: Settings) -> int:
     from exporter.web.config import WebConfig, load_web_config
 
     path = settings.web_config_file
-    return serve.run(settings, definitions, load_web_config(path) if path else WebConfig())
+    web_config = load_web_config(path) if path else WebConfig()
+    return serve.run(settings, definitions, web_config, declared)
+
+
+def _declared_targets(settings: Settings) -> Declared | None:
+    """The fleet's targets when a targets file is given (ConfigError lists its problems)."""
+    if settings.targets_file is None:
+        return None
+    declared = load_targets(settings.targets_file, settings)
+    for warning in declared.warnings:
+        log.warning(warning, extra={"targets": settings.targets_file})
+    log.info(
+        "fleet mode: serving declared targets at /probe?target=NAME",
+        extra={"targets": settings.targets_file, "count": len(declared.targets),
+               "names": ",".join(declared.names())},
+    )  # fmt: skip
+    return declared

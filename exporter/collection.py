@@ -24,11 +24,13 @@ from exporter.breaker import (
     is_shed,
     judge,
 )
-from exporter.budget import Budget, Interruption
+from exporter.budget import Budget, Interruption, until_request_ends
 from exporter.connections import ConnectionBudget
 from exporter.definitions import Definitions
 from exporter.discovery import select_databases
+from exporter.errors import RequestEnded
 from exporter.exposition import Family
+from exporter.gate import Gate
 from exporter.planning import explain_text
 from exporter.seriesbudget import Part, SeriesBudget
 from exporter.server import Server, ServerOptions, ServerResult
@@ -102,8 +104,10 @@ class Exporter:
         clock: Callable[[], float] = time.monotonic,
         random: Random = _random.random,
         policy: BreakerPolicy | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.settings = settings
+        self.gate = gate  # a fleet's ceiling on targets collected at once, shared
         self.definitions = definitions
         self.clock = clock
         self.random = random  # jitter of back-offs, predicates and cool-downs (D17)
@@ -159,9 +163,24 @@ class Exporter:
 
     async def _locked_pass(self, budget: Budget) -> Snapshot:
         try:
-            return await self._pass(budget)
+            if self.gate is None:
+                return await self._pass(budget)
+            return await self._gated_pass(self.gate, budget)
         finally:
             self.lock.release()
+
+    async def _gated_pass(self, gate: Gate, budget: Budget) -> Snapshot:
+        """The pass, once the fleet's ceiling has a place for it within the budget."""
+        try:
+            entered = await until_request_ends(gate.enter(budget.remaining()), budget)
+        except RequestEnded as ended:
+            return Snapshot([], interrupted=ended.reason)
+        if not entered:
+            return Snapshot([], interrupted=Interruption.BUDGET)
+        try:
+            return await self._pass(budget)
+        finally:
+            gate.leave()
 
     def schedule(self, definitions: Definitions) -> None:
         """Use ``definitions`` from the next pass on; a pass in flight keeps the old ones."""

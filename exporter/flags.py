@@ -119,6 +119,13 @@ FLAGS = (
          str(defaults.DEFAULT_MAX_TOTAL_SERIES),
          "Most series one scrape publishes over every collector and database; above it "
          "whole collectors are left out, the least important first. 0: no limit."),
+    Flag("targets.file",        "",  _ENV + "TARGETS_FILE",  _V, "PATH",     "",
+         "YAML file declaring the targets of a fleet: each is served at /probe?target=NAME "
+         "(see docs/fleet.md). Without it the exporter watches the one target of --url."),
+    Flag("targets.max-concurrent", "", _ENV + "TARGETS_MAX_CONCURRENT", _V, "N",
+         str(defaults.DEFAULT_MAX_CONCURRENT_TARGETS),
+         "Fleet mode: most targets collected at once (at least 1); a probe over it waits "
+         "within its budget, then gets 503."),
     Flag("dry-run",             "D", "",                     _S, "",         "false",
          "Print the collector definitions as loaded, then exit; no database needed."),
     Flag("explain",             "E", "",                     _S, "",         "false",

@@ -6,6 +6,7 @@ a record carries beyond the standard ones is rendered after ``msg``.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -33,6 +34,10 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
 }
 _RESERVED = ("ts", "level", "msg", "exception", "stack")
 
+#: The fleet target whose work is running (None in single-target mode): every log
+#: line written meanwhile names it as ``target``.
+TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target", default=None)
+
 _LOGFMT_KEY_JUNK = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
@@ -59,6 +64,8 @@ def record_fields(record: logging.LogRecord) -> list[tuple[str, object]]:
         ("level", _level_name(record.levelno)),
         ("msg", record.getMessage()),
     ]
+    if (target := TARGET.get()) is not None and "target" not in record.__dict__:
+        fields.append(("target", target))
     for key, value in record.__dict__.items():
         if key not in _STANDARD:
             fields.append((f"extra_{key}" if key in _RESERVED else key, value))

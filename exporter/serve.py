@@ -18,20 +18,29 @@ from aiohttp import web
 
 from exporter import systemd
 from exporter.collection import Exporter
+from exporter.declared import Declared
 from exporter.definitions import Definitions
+from exporter.logs import TARGET
 from exporter.settings import Settings
-from exporter.web.app import create_app, make_runner
+from exporter.web.app import create_app, create_fleet_app, make_runner
 from exporter.web.config import WebConfig, ssl_context
+from exporter.web.fleet import FLEET
 from exporter.web.reloading import RELOADER, Outcome, Reloader
 from exporter.web.state import STATE
 
 log = logging.getLogger(__name__)
 
 
-def run(settings: Settings, definitions: Definitions, web_config: WebConfig | None = None) -> int:
-    """Serve until SIGINT or SIGTERM; the exit code for the CLI."""
+def run(
+    settings: Settings,
+    definitions: Definitions,
+    web_config: WebConfig | None = None,
+    declared: Declared | None = None,
+) -> int:
+    """Serve until SIGINT or SIGTERM; the exit code for the CLI. With ``declared``
+    targets, serve them as a fleet."""
     _raise_fd_limit()
-    return asyncio.run(_serve(settings, definitions, web_config or WebConfig()))
+    return asyncio.run(_serve(settings, definitions, web_config or WebConfig(), declared))
 
 
 def _raise_fd_limit() -> None:
@@ -43,15 +52,26 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def _serve(settings: Settings, definitions: Definitions, web_config: WebConfig) -> int:
-    app = create_app(settings, definitions, web_config)
+async def _serve(
+    settings: Settings, definitions: Definitions, web_config: WebConfig, declared: Declared | None
+) -> int:
+    if declared is None:
+        app = create_app(settings, definitions, web_config)
+    else:
+        app = create_fleet_app(settings, definitions, declared, web_config)
     tls = ssl_context(web_config.tls) if web_config.tls else None
-    app[STATE].tls_context = tls
+    app[RELOADER].tls_context = tls
     app[RELOADER].rebase()  # the certificate files count from now on
-    if not await _first_contact(app[STATE].exporter, settings):
-        return 2
     runner = make_runner(app)
-    await runner.setup()
+    await runner.setup()  # starts the fleet's members
+    exporters: list[tuple[str | None, Settings, Exporter]] = (
+        [(None, settings, app[STATE].exporter)]
+        if declared is None
+        else [(m.name, m.state.settings, m.state.exporter) for m in app[FLEET].members.values()]
+    )
+    if not await _first_contact(exporters, settings.fail_fast):
+        await runner.cleanup()
+        return 2
     try:
         await _listen(runner, settings, tls)
     except OSError as exc:
@@ -106,15 +126,31 @@ def _reload_soon(reloader: Reloader, tasks: set[asyncio.Task[Outcome]]) -> None:
     task.add_done_callback(tasks.discard)
 
 
-async def _first_contact(exporter: Exporter, settings: Settings) -> bool:
-    """Try the target once at start; False only when --fail-fast forbids going on."""
-    try:
-        await exporter.main.prepare()
-    except Exception as exc:
-        if settings.fail_fast:
-            log.error("target unreachable and --fail-fast is set: %s", exc)
-            return False
-        log.warning("target unreachable at start, will retry on each scrape: %s", exc)
-        return True
-    log.info("connected", extra={"url": settings.masked_url})
-    return True
+#: Fleet mode: targets first contacted at once at start (each within its connect timeout).
+FIRST_CONTACTS_AT_ONCE = 8
+
+
+async def _first_contact(
+    exporters: list[tuple[str | None, Settings, Exporter]], fail_fast: bool
+) -> bool:
+    """Try each target (a fleet member's name, or None) once at start, a few at a
+    time; False only when --fail-fast forbids going on because one is unreachable."""
+    gate = asyncio.Semaphore(FIRST_CONTACTS_AT_ONCE)
+
+    async def contact(name: str | None, settings: Settings, exporter: Exporter) -> bool:
+        TARGET.set(name)  # this task's log lines name the member
+        async with gate:
+            try:
+                await exporter.main.prepare()
+            except Exception as exc:
+                if fail_fast:
+                    log.error("target unreachable and --fail-fast is set: %s", exc,
+                              extra={"url": settings.masked_url})  # fmt: skip
+                    return False
+                log.warning("target unreachable at start, will retry on each scrape: %s", exc,
+                            extra={"url": settings.masked_url})  # fmt: skip
+                return True
+            log.info("connected", extra={"url": settings.masked_url})
+            return True
+
+    return all(await asyncio.gather(*(contact(n, s, e) for n, s, e in exporters)))

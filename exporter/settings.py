@@ -24,6 +24,7 @@ DEFAULT_MAX_CONNECTIONS = 4
 MIN_MAX_CONNECTIONS = 2  # the health probe's and one database's
 DEFAULT_PARALLEL_DATABASES = 2  # discovered databases walked at once, within the budget
 DEFAULT_MAX_TOTAL_SERIES = 500_000  # over every collector and database; 0: no limit
+DEFAULT_MAX_CONCURRENT_TARGETS = 8  # fleet mode: targets collected at once
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
 
@@ -68,6 +69,8 @@ class Settings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # to the target at once, the probe's included
     parallel_databases: int = DEFAULT_PARALLEL_DATABASES  # at most the databases' connections
     max_total_series: int = DEFAULT_MAX_TOTAL_SERIES  # one pass, every collector; 0: no limit
+    targets_file: str | None = None  # fleet mode: the declared targets (docs/fleet.md)
+    max_concurrent_targets: int = DEFAULT_MAX_CONCURRENT_TARGETS  # fleet mode: passes at once
     dry_run: bool = False
     explain: bool = False
     log_level: str = "info"  # debug, info, warn, error

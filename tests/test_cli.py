@@ -176,7 +176,8 @@ def test_empty_environment_variable_counts_as_unset(config: str) -> None:
 def test_every_documented_flag_is_in_the_table() -> None:
     """The flag table holds exactly §1's flags plus our --max-series,
     --web.enable-openmetrics, --backoff-ceiling, --max-connections, --parallel-databases
-    and --max-total-series, with their short forms."""
+    and --max-total-series, and the fleet's --targets.file and --targets.max-concurrent,
+    with their short forms."""
     table = {flag.name: (flag.short, flag.env) for flag in FLAGS}
     assert table == {
         "help": ("h", ""), "version": ("", ""), "url": ("u", ""),
@@ -198,6 +199,8 @@ def test_every_documented_flag_is_in_the_table() -> None:
         "max-total-series": ("", "PG_EXPORTER_MAX_TOTAL_SERIES"),
         "parallel-databases": ("", "PG_EXPORTER_PARALLEL_DATABASES"),
         "explain": ("E", ""), "log.level": ("", ""), "log.format": ("", ""),
+        "targets.file": ("", "PG_EXPORTER_TARGETS_FILE"),
+        "targets.max-concurrent": ("", "PG_EXPORTER_TARGETS_MAX_CONCURRENT"),
     }  # fmt: skip
 
 
@@ -633,7 +636,12 @@ def test_main_serves_with_masked_url_logged(
     """By default main hands settings and definitions to serve.run and returns its exit code."""
     calls: list[tuple[Settings, Definitions]] = []
 
-    def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
+    def run(
+        settings: Settings,
+        definitions: Definitions,
+        web_config: object = None,
+        declared: object = None,
+    ) -> int:
         calls.append((settings, definitions))
         return 7
 
@@ -710,7 +718,12 @@ def test_main_config_error_while_serving_exits_2(
 ) -> None:
     """A ConfigError raised after loading (e.g. a const-label clash) also exits 2."""
 
-    def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
+    def run(
+        settings: Settings,
+        definitions: Definitions,
+        web_config: object = None,
+        declared: object = None,
+    ) -> int:
         raise ConfigError([Problem("--label", "clashes with a collector label")])
 
     _fake_module(monkeypatch, "exporter.serve", run=run)
@@ -722,7 +735,12 @@ def test_main_unexpected_error_is_logged_exit_1(
 ) -> None:
     """An unexpected exception is logged on one line (never a bare traceback) and exits 1."""
 
-    def run(settings: Settings, definitions: Definitions, web_config: object = None) -> int:
+    def run(
+        settings: Settings,
+        definitions: Definitions,
+        web_config: object = None,
+        declared: object = None,
+    ) -> int:
         raise RuntimeError("wires crossed at postgres://u:pw@h/db")
 
     _fake_module(monkeypatch, "exporter.serve", run=run)

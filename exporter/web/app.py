@@ -12,11 +12,13 @@ from aiohttp import web
 
 from exporter.admission import Admission
 from exporter.collection import Exporter
+from exporter.declared import Declared
 from exporter.definitions import Definitions
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 from exporter.web.auth import install
 from exporter.web.config import WebConfig
+from exporter.web.fleet import FLEET, Fleet
 from exporter.web.health import HEALTH_PROBE, health_context
 from exporter.web.reloading import RELOADER, Reloader
 from exporter.web.routes import add_routes
@@ -40,13 +42,41 @@ def create_app(
         admission=Admission(),
         selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
     )
-    app[RELOADER] = Reloader(app[STATE])
+    app[RELOADER] = Reloader(settings, exporter=exporter)
     app.cleanup_ctx.append(_close_exporter)
     app.cleanup_ctx.append(health_context(settings))
     app.cleanup_ctx.append(_scrapes_tell_the_probe)
     add_routes(app, settings.telemetry_path)
     install(app, web_config or WebConfig())
     return app
+
+
+def create_fleet_app(
+    settings: Settings,
+    definitions: Definitions,
+    declared: Declared,
+    web_config: WebConfig | None = None,
+) -> web.Application:
+    """The application of a fleet: ``/probe?target=NAME`` for every declared target,
+    the exporter's own metrics at the telemetry path, and the ``/targets`` page.
+
+    Every member starts (with its health probe) when the application does.
+    """
+    app = web.Application()
+    fleet = Fleet(settings, declared, definitions)
+    app[FLEET] = fleet
+    app[RELOADER] = Reloader(settings, fleet=fleet)
+    app.cleanup_ctx.append(_run_fleet)
+    add_routes(app, settings.telemetry_path, fleet=True)
+    install(app, web_config or WebConfig())
+    return app
+
+
+async def _run_fleet(app: web.Application) -> AsyncIterator[None]:
+    fleet = app[FLEET]
+    fleet.start()
+    yield
+    await fleet.close()
 
 
 async def _close_exporter(app: web.Application) -> AsyncIterator[None]:

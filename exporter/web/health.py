@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from exporter.settings import Settings
+from exporter.web.fleet import FLEET, member_for
 from exporter.web.probe import PROBE_INTERVAL, HealthProbe, Status
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
@@ -66,7 +67,8 @@ def health_handler(
     """The handler of a routing endpoint: it reads the probe's snapshot, never the database."""
 
     async def handler(request: web.Request) -> web.Response:
-        status = request.app[key].current().status
+        probe = member_for(request).probe if FLEET in request.app else request.app[key]
+        status = probe.current().status
         return web.Response(status=answer(want, status), text=status.value, headers=_HEADERS)
 
     return handler

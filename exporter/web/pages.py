@@ -13,6 +13,7 @@ from aiohttp import web
 
 from exporter.flags import version_text
 from exporter.stat import stat_text
+from exporter.web.fleet import state_for
 from exporter.web.reloading import RELOADER
 from exporter.web.state import STATE
 
@@ -27,15 +28,15 @@ async def version_handler(request: web.Request) -> web.Response:
 async def explain_handler(request: web.Request) -> web.Response:
     """Planned collectors with their SQL, and why the others were not planned, as the
     last pass planned them: it never waits for the collection lock nor sends SQL."""
-    return _text_or_html(request, "explain", request.app[STATE].exporter.last_plans())
+    return text_or_html(request, "explain", state_for(request, STATE).exporter.last_plans())
 
 
 async def stat_handler(request: web.Request) -> web.Response:
-    """Per-collector statistics as a text table."""
-    return _text_or_html(request, "stat", stat_text(request.app[STATE].exporter))
+    """Per-collector statistics as a text table (of ``?target=NAME`` in fleet mode)."""
+    return text_or_html(request, "stat", stat_text(state_for(request, STATE).exporter))
 
 
-def _text_or_html(request: web.Request, title: str, text: str) -> web.Response:
+def text_or_html(request: web.Request, title: str, text: str) -> web.Response:
     """Plain text, or the same text as a page when a browser prefers HTML."""
     if "text/html" not in request.headers.get("Accept", ""):
         return web.Response(text=text)

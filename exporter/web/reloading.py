@@ -14,15 +14,20 @@ import asyncio
 import hashlib
 import logging
 import os
+import ssl
 import stat
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from aiohttp import web
 
+from exporter.collection import Exporter
+from exporter.declared import load_targets
 from exporter.errors import ConfigError, UsageError
 from exporter.loading import load_for_settings
+from exporter.settings import Settings
 from exporter.web.config import TlsConfig, load_certificates, load_web_config, ssl_context
-from exporter.web.state import State
+from exporter.web.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +42,20 @@ class Outcome(NamedTuple):
     message: str
 
 
-def fingerprint(state: State) -> str:
+def fingerprint(settings: Settings, tls_context: ssl.SSLContext | None) -> str:
     """A digest of every file a reload would read: the config, the web config and the
     certificate and key it names (when TLS is on)."""
     digest = hashlib.sha256()
-    paths = _config_files(state.settings.config or "")
-    web_config = state.settings.web_config_file
+    paths = _config_files(settings.config or "")
+    web_config = settings.web_config_file
     if web_config:
         paths.append(web_config)
-        if state.tls_context is not None:
+        if tls_context is not None:
             try:
                 paths.extend(_tls_files(web_config))
             except UsageError as exc:  # e.g. a renewed certificate before its key
                 digest.update(str(exc).encode())
-    for path in paths:
-        digest.update(path.encode(errors="surrogateescape") + b"\0")
-        digest.update(_file_digest(path))
+    _add_files(digest, paths)
     return digest.hexdigest()
 
 
@@ -89,21 +92,41 @@ def _file_digest(path: str) -> bytes:
 
 
 class Reloader:
-    """Serialises reloads and coalesces the requests that arrive during one."""
+    """Serialises reloads and coalesces the requests that arrive during one.
 
-    def __init__(self, state: State) -> None:
-        self.state = state
-        self.current = fingerprint(state)  # of the files the running config came from
+    It reloads the collector config for the one target's exporter, or, in fleet mode,
+    the config and the targets file (with the URL and password files it names) for the
+    fleet.
+    """
+
+    def __init__(
+        self, settings: Settings, *, exporter: Exporter | None = None, fleet: Fleet | None = None
+    ) -> None:
+        self.settings = settings
+        self.exporter = exporter
+        self.fleet = fleet
+        # The listener's TLS context, whose certificate and key a reload re-reads.
+        self.tls_context: ssl.SSLContext | None = None
+        self.current = self._fingerprints()  # of the files the running config came from
         self.running: asyncio.Task[Outcome] | None = None
         self.queued: asyncio.Task[Outcome] | None = None
         self.reloads = 0  # reloads that parsed a changed config
         # The last failure and the files it came from: the same broken files are not
         # parsed again on every request of a flood.
-        self.failed: tuple[str, Outcome] | None = None
+        self.failed: tuple[tuple[str, str], Outcome] | None = None
+
+    def _fingerprints(self) -> tuple[str, str]:
+        """(collector config and web config, targets file with its secret files)."""
+        config = fingerprint(self.settings, self.tls_context)
+        if self.fleet is None:
+            return config, ""
+        declared = self.fleet.declared
+        targets = _digest_of([declared.path, *declared.secret_files])
+        return config, targets
 
     def rebase(self) -> None:
         """Take the files as they are now as the running config's (after start-up)."""
-        self.current = fingerprint(self.state)
+        self.current = self._fingerprints()
 
     async def reload(self) -> Outcome:
         """Reload, or share the reload queued behind the running one."""
@@ -127,45 +150,78 @@ class Reloader:
                 self.running = None
 
     async def _reload_once(self) -> Outcome:
-        state = self.state
-        now = await asyncio.to_thread(fingerprint, state)
+        settings = self.settings
+        now = await asyncio.to_thread(self._fingerprints)
         if now == self.current:
-            message = f"{state.settings.config} unchanged; the running config stays as it is"
+            message = f"{settings.config} unchanged; the running config stays as it is"
+            if self.fleet is not None:
+                message = f"{settings.config} and {settings.targets_file} unchanged; " + (
+                    "the running config stays as it is"
+                )
             log.debug(message)
             return Outcome(True, message)
         if self.failed is not None and self.failed[0] == now:
             return self.failed[1]
+        config_changed = now[0] != self.current[0]
         try:
-            definitions = await asyncio.to_thread(load_for_settings, state.settings)
-            tls = await asyncio.to_thread(_renewed_tls, state)
+            definitions = (
+                await asyncio.to_thread(load_for_settings, settings) if config_changed else None
+            )
+            declared = (
+                await asyncio.to_thread(load_targets, settings.targets_file, settings)
+                if self.fleet is not None and settings.targets_file
+                else None
+            )
+            tls = await asyncio.to_thread(_renewed_tls, settings, self.tls_context)
         except (ConfigError, UsageError) as exc:
             log.error("reload failed, the running config stays: %s", exc)
             failure = Outcome(False, f"reload failed, the running config stays:\n{exc}")
             self.failed = (now, failure)
             return failure
-        state.exporter.schedule(definitions)
+        parts = []
+        if definitions is not None:
+            parts.append(
+                f"reloaded {len(definitions.collectors)} collectors from {settings.config}; "
+                "they apply from the next pass"
+            )
+            if self.exporter is not None:
+                self.exporter.schedule(definitions)
+        if self.fleet is not None and declared is not None:
+            parts.append(await self.fleet.apply(declared, definitions))
+        # The fleet may have re-read its secret files: the new digest is of what it took.
         self.current = now
         self.reloads += 1
-        message = (
-            f"reloaded {len(definitions.collectors)} collectors from {state.settings.config}; "
-            "they apply from the next pass"
-        )
-        if tls is not None and state.tls_context is not None:
-            load_certificates(state.tls_context, tls)
-            message += f"; certificate {tls.cert_file or '(inline)'} reloaded"
+        if tls is not None and self.tls_context is not None:
+            load_certificates(self.tls_context, tls)
+            parts.append(f"certificate {tls.cert_file or '(inline)'} reloaded")
+        message = "; ".join(parts) or "the web config was read again"
         log.info(message)
-        for warning in definitions.warnings:
+        for warning in (*(definitions.warnings if definitions else ()),
+                        *(declared.warnings if declared else ())):  # fmt: skip
             log.warning(warning)
         return Outcome(True, message)
+
+
+def _digest_of(paths: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    _add_files(digest, paths)
+    return digest.hexdigest()
+
+
+def _add_files(digest: hashlib._Hash, paths: Sequence[str]) -> None:
+    """Each path and its content's digest (see :func:`_file_digest`)."""
+    for path in paths:
+        digest.update(path.encode(errors="surrogateescape") + b"\0")
+        digest.update(_file_digest(path))
 
 
 RELOADER = web.AppKey("reloader", Reloader)
 
 
-def _renewed_tls(state: State) -> TlsConfig | None:
+def _renewed_tls(settings: Settings, tls_context: ssl.SSLContext | None) -> TlsConfig | None:
     """The web config's TLS section, checked by building a context from it (or None)."""
-    path = state.settings.web_config_file
-    if state.tls_context is None or not path:
+    path = settings.web_config_file
+    if tls_context is None or not path:
         return None
     tls = load_web_config(path).tls
     if tls is None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from exporter import __version__
+from exporter.web.fleet import FLEET_PAGE
+from exporter.web.fleetpages import fleet_metrics_handler, probe_handler, targets_handler
 from exporter.web.health import (
     ALIVE_PATH,
     PRIMARY_PATHS,
@@ -25,7 +27,6 @@ from exporter.web.health import (
 from exporter.web.health import ROUTES as HEALTH_ROUTES
 from exporter.web.metrics import metrics_handler
 from exporter.web.pages import explain_handler, reload_handler, stat_handler, version_handler
-from exporter.web.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -59,13 +60,24 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def add_routes(app: web.Application, telemetry_path: str) -> None:
-    """The exposition at ``telemetry_path``, every fixed route, then the landing page
-    for any other path."""
-    app.router.add_get(telemetry_path, metrics_handler)
-    for route in ROUTES:
+# Fleet mode only: without a targets file these paths reach the landing page, as before.
+FLEET_ROUTES: tuple[Route, ...] = (
+    Route("/probe", probe_handler, linked=False),  # needs ?target=NAME
+    Route(FLEET_PAGE, targets_handler),
+)
+LANDING = web.AppKey("landing", tuple[str, ...])  # the paths the landing page links
+
+
+def add_routes(app: web.Application, telemetry_path: str, *, fleet: bool = False) -> None:
+    """The exposition at ``telemetry_path`` (in fleet mode: the exporter's own metrics),
+    every fixed route, the fleet's routes in fleet mode, then the landing page for any
+    other path."""
+    app.router.add_get(telemetry_path, fleet_metrics_handler if fleet else metrics_handler)
+    routes = (*ROUTES, *FLEET_ROUTES) if fleet else ROUTES
+    for route in routes:
         app.router.add_route(route.method, route.path, route.handler)
     app.router.add_route("*", "/{tail:.*}", landing_handler)
+    app[LANDING] = (telemetry_path, *(r.path for r in routes if r.linked))
 
 
 def telemetry_path_problems(path: str) -> list[str]:
@@ -77,14 +89,14 @@ def telemetry_path_problems(path: str) -> list[str]:
         problems.append("must not contain '?', '#', braces or spaces")
     if "//" in path or "/./" in path or "/../" in path or path.endswith(("/.", "/..")):
         problems.append("must be canonical (no //, /./ or /../)")
-    if any(route.path == path for route in ROUTES):
+    if any(route.path == path for route in (*ROUTES, *FLEET_ROUTES)):
         problems.append(f"clashes with the fixed route {path}")
     return problems
 
 
 async def landing_handler(request: web.Request) -> web.Response:
     """A small page linking everything the exporter serves (unknown paths show it too)."""
-    paths = (request.app[STATE].settings.telemetry_path, *(r.path for r in ROUTES if r.linked))
+    paths = request.app[LANDING]
     items = "".join(f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in paths)
     page = (
         "<!doctype html><html><head><title>pg_exporter</title></head><body>"

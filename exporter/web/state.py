@@ -1,8 +1,8 @@
-"""What the web handlers share, held on the aiohttp application (no globals)."""
+"""What the web handlers of one target share: held on the aiohttp application (no
+globals), or by each member of a fleet."""
 
 from __future__ import annotations
 
-import ssl
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -21,8 +21,6 @@ class State:
     exporter: Exporter
     admission: Admission
     selfmetrics: SelfMetrics
-    # The listener's TLS context, whose certificate and key a reload re-reads.
-    tls_context: ssl.SSLContext | None = None
 
 
 STATE = web.AppKey("state", State)

@@ -26,7 +26,6 @@ from exporter.settings import Settings
 from exporter.web.app import create_app, make_runner
 from exporter.web.config import TlsConfig, WebConfig, load_web_config, ssl_context
 from exporter.web.reloading import RELOADER
-from exporter.web.state import STATE
 from rigs.localpg import free_port
 from tests.integration.helpers import REPO
 from tests.integration.webrig import basic, client_context, get, issue, make_ca, serving
@@ -194,11 +193,11 @@ async def exporter_over_tls(web_yml: Path) -> AsyncIterator[tuple[web.Applicatio
     web_config = load_web_config(str(web_yml))
     assert web_config.tls is not None
     app = create_app(settings, load_for_settings(settings), web_config)
-    app[STATE].tls_context = ssl_context(web_config.tls)
+    app[RELOADER].tls_context = ssl_context(web_config.tls)
     app[RELOADER].rebase()  # as production does once TLS is on
     runner = make_runner(app)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=app[STATE].tls_context).start()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=app[RELOADER].tls_context).start()
     try:
         yield app, runner.addresses[0][1]
     finally:
