@@ -164,6 +164,8 @@ class _Reader:
             if key not in TARGET_FIELDS:
                 notes.error(f"{where}.{key}", f"unknown field{_suggest(key, TARGET_FIELDS)}")
         merged = {**defaults, **entry}
+        if isinstance(defaults.get("labels"), dict) and isinstance(entry.get("labels"), dict):
+            merged["labels"] = {**defaults["labels"], **entry["labels"]}  # labels add up
         url = self.url(where, entry)
         password = self.password(where, merged)
         settings = self.options(where, merged)

@@ -1,0 +1,215 @@
+"""The targets file of a fleet: what it accepts, what it refuses, and that no error
+message ever quotes a URL, a password or the content of a secret file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.declared import MAX_TARGETS, load_targets
+from exporter.errors import ConfigError
+from exporter.settings import Settings
+
+BASE = Settings(config="collectors", const_labels=(("env", "prod"),), tags=("base",))
+SECRET = "s3cr3t-Pa55"
+
+
+def _write(tmp_path: Path, text: str, name: str = "targets.yml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _problems(path: str, environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_targets(path, BASE, environ or {})
+    return str(caught.value)
+
+
+def test_targets_take_the_process_settings_with_their_own_url_and_options(
+    tmp_path: Path,
+) -> None:
+    path = _write(
+        tmp_path,
+        """
+defaults:
+  labels: {region: eu}
+  auto_discovery: false
+targets:
+  - name: orders-primary
+    url: postgresql://exporter@db1:5432/postgres
+    labels: {cluster: orders, env: staging}
+    tags: [primary, big]
+    max_connections: 6
+  - name: bouncer.1
+    url: postgresql://pgbouncer@db1:6432/pgbouncer
+    auto_discovery: true
+    include_databases: app_*, billing
+""",
+    )
+    declared = load_targets(path, BASE, {})
+    assert declared.names() == ["orders-primary", "bouncer.1"]
+    orders, bouncer = (t.settings for t in declared.targets)
+    assert orders.target.dbname == "postgres"
+    assert not orders.is_pgbouncer
+    # --label's labels, then the defaults', then the target's; the target wins.
+    assert orders.const_labels == (("env", "staging"), ("region", "eu"), ("cluster", "orders"))
+    assert orders.tags == ("primary", "big")
+    assert (orders.max_connections, orders.auto_discovery) == (6, False)
+    assert bouncer.is_pgbouncer
+    assert bouncer.effective_namespace() == "pgbouncer"
+    assert bouncer.tags == ("base",)  # not given: the process's
+    assert bouncer.auto_discovery is True
+    assert bouncer.include_databases == ("app_*", "billing")
+    assert declared.warnings == ()
+
+
+def test_passwords_from_env_and_file_reach_libpq_and_are_masked(tmp_path: Path) -> None:
+    secret_file = tmp_path / "password"
+    secret_file.write_text(SECRET + "\n")
+    path = _write(
+        tmp_path,
+        f"""
+targets:
+  - name: from-file
+    url: postgresql://exporter@db1/postgres
+    password_file: {secret_file}
+  - name: from-env
+    url_env: DB2_URL
+    password_env: DB2_PASSWORD
+  - name: in-url
+    url: postgresql://exporter:{SECRET}@db3/postgres
+""",
+    )
+    environ = {"DB2_URL": "postgresql://exporter@db2/postgres", "DB2_PASSWORD": SECRET}
+    declared = load_targets(path, BASE, environ)
+    for target in declared.targets:
+        assert dict(target.settings.target.params)["password"] == SECRET
+        assert SECRET not in target.settings.masked_url
+        assert SECRET not in repr(target)
+    assert declared.secret_files == (str(secret_file),)
+
+
+def test_url_file_holds_the_whole_url(tmp_path: Path) -> None:
+    url_file = tmp_path / "url"
+    url_file.write_text(f"postgresql://exporter:{SECRET}@db9:5433/app\n")
+    path = _write(tmp_path, f"targets:\n  - name: a\n    url_file: {url_file}\n")
+    (target,) = load_targets(path, BASE, {}).targets
+    params = dict(target.settings.target.params)
+    assert (params["host"], params["port"], params["dbname"]) == ("db9", "5433", "app")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("targets: {a: 1}", "needs a list of targets under 'targets', got a mapping"),
+        ("[]", "needs a list of targets under 'targets', got a list"),
+        ("targets: []\nextra: 1", "extra: unknown top-level key"),
+        ("targets:\n  - url: postgresql:///x", "targets[0].name: a name of 1-64"),
+        ("targets:\n  - name: 'a b'\n    url: postgresql:///x", "targets[0].name:"),
+        ("targets:\n  - name: ../etc\n    url: postgresql:///x", "targets[0].name:"),
+        ("targets:\n  - name: a", "exactly one of url, url_env, url_file names the target"),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    url_env: X",
+            "url and url_env are given",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n  - name: a\n    url: postgresql:///y",
+            "targets[1].name: 'a' is already the name of targets[0]",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    tag: [x]",
+            "targets[0](a).tag: unknown field; did you mean 'tags'?",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    max_connections: 1",
+            "targets[0](a).max_connections: must be a whole number of at least 2, got 1",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    labels: {__x: y}",
+            "targets[0](a).labels.__x: not a valid label name",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    auto_discovery: 'yes'",
+            "targets[0](a).auto_discovery: must be true or false",
+        ),
+        ("defaults: {url: postgresql:///x}\ntargets: []", "defaults.url: not an option"),
+        ("targets:\n  - name: a\n    url_env: NOT_SET", "variable 'NOT_SET' (the target URL)"),
+        ('targets:\n  - name: a\n    url: "host=a port=\'1"', "libpq cannot read the target URL"),
+    ],
+)
+def test_problems_are_located_and_explained(tmp_path: Path, text: str, expected: str) -> None:
+    path = _write(tmp_path, text)
+    message = _problems(path)
+    assert expected in message
+    assert message.startswith(f"{path}: the targets file has problems")
+
+
+def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "targets:\n  - name: a\n  - name: b\n    url: postgresql:///x\n    parallel_databases: 0",
+    )
+    message = _problems(path)
+    assert "targets[0](a)" in message
+    assert "targets[1](b).parallel_databases" in message
+
+
+def test_no_message_quotes_a_secret(tmp_path: Path) -> None:
+    """A URL libpq cannot read, a password file of several lines and a password in a
+    variable with a malformed URL beside it: the messages name places, never values."""
+    bad_file = tmp_path / "two-lines"
+    bad_file.write_text(f"{SECRET}\n{SECRET}\n")
+    path = _write(
+        tmp_path,
+        f"""
+targets:
+  - name: a
+    url: "postgresql://u:{SECRET}@h:notaport/db?x"
+  - name: b
+    url: postgresql://u@h/db
+    password_file: {bad_file}
+  - name: c
+    url: "host=h password='{SECRET}"
+""",
+    )
+    message = _problems(path, {"P": SECRET})
+    assert "targets[0](a).url" in message
+    assert "targets[2](c).url" in message
+    assert "targets[1](b).password_file" in message
+    assert "on one line" in message
+    assert SECRET not in message
+
+
+def test_missing_and_unreadable_files_are_named(tmp_path: Path) -> None:
+    assert "no such file or directory; check --targets.file" in _problems(
+        str(tmp_path / "absent.yml")
+    )
+    path = _write(tmp_path, "targets:\n  - name: a\n    url: x\n    password_file: /nonexistent/p")
+    message = _problems(path)
+    assert "targets[0](a).password_file: cannot read '/nonexistent/p' (the password)" in message
+
+
+def test_an_empty_fleet_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    declared = load_targets(_write(tmp_path, "targets: []"), BASE, {})
+    assert declared.targets == ()
+    assert any("no target is declared" in warning for warning in declared.warnings)
+
+
+def test_too_many_targets_are_refused_before_any_is_read(tmp_path: Path) -> None:
+    entries = "".join(f"  - name: t{i}\n    url: postgresql:///x\n" for i in range(MAX_TARGETS + 1))
+    message = _problems(_write(tmp_path, "targets:\n" + entries))
+    assert f"at most {MAX_TARGETS} may be declared" in message
+
+
+def test_yaml_limits_of_the_collector_loader_apply(tmp_path: Path) -> None:
+    """An alias bomb is refused as in a collector file, quickly and without memory blow-up."""
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(9)
+    )
+    message = _problems(_write(tmp_path, bomb + "targets: *j\n"))
+    assert "alias" in message or "values" in message
