@@ -392,7 +392,7 @@ def _declared_targets(settings: Settings) -> Declared | None:
     for warning in declared.warnings:
         log.warning(warning, extra={"targets": settings.targets_file})
     log.info(
-        "fleet mode: serving declared targets at /probe?target=NAME",
+        "targets file read: each declared target is served at /probe?target=NAME",
         extra={"targets": settings.targets_file, "count": len(declared.targets),
                "names": ",".join(declared.names())},
     )  # fmt: skip
