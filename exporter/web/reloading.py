@@ -121,8 +121,7 @@ class Reloader:
         if self.fleet is None:
             return config, ""
         declared = self.fleet.declared
-        targets = _digest_of([declared.path, *declared.secret_files])
-        return config, targets
+        return config, _digest_of([declared.path, *declared.secret_files])
 
     def rebase(self) -> None:
         """Take the files as they are now as the running config's (after start-up)."""
@@ -186,10 +185,11 @@ class Reloader:
             )
             if self.exporter is not None:
                 self.exporter.schedule(definitions)
+        # Of the files as read before loading: a change made meanwhile is seen next time.
+        # (When the new file names other secret files, the next reload parses once more.)
+        self.current = now
         if self.fleet is not None and declared is not None:
             parts.append(await self.fleet.apply(declared, definitions))
-        # The fleet may have re-read its secret files: the new digest is of what it took.
-        self.current = now
         self.reloads += 1
         if tls is not None and self.tls_context is not None:
             load_certificates(self.tls_context, tls)
