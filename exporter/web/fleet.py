@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 
 TARGET_PARAMETER = "target"
 FLEET_PAGE = "/targets"
-# Health probes start spread over their first interval, so that a fleet of hundreds
-# does not connect to every target in the same instant.
+# Health probes start spread over their first interval, and over longer for a large
+# fleet (at most PROBE_STARTS_PER_SECOND), so that hundreds of targets are not all
+# connected to in the same instant.
 PROBE_SPREAD = 1.0  # seconds
+PROBE_STARTS_PER_SECOND = 100
 
 
 @dataclass(slots=True)
@@ -111,7 +113,8 @@ class Fleet:
         )
         member = Member(target, state, probe)
         self.members[target.name] = member
-        member.start(delay=random.uniform(0.0, PROBE_SPREAD))
+        spread = max(PROBE_SPREAD, len(self.declared.targets) / PROBE_STARTS_PER_SECOND)
+        member.start(delay=random.uniform(0.0, spread))
 
     async def apply(self, declared: Declared, definitions: Definitions | None) -> str:
         """Take a reloaded targets file (and collector definitions, when they changed).
