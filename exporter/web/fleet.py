@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 TARGET_PARAMETER = "target"
 FLEET_PAGE = "/targets"
+SERVICE_DISCOVERY_PATH = "/sd"  # the declared names for Prometheus's http_sd_configs
 # Health probes start spread over their first interval, and over longer for a large
 # fleet (at most PROBE_STARTS_PER_SECOND), so that hundreds of targets are not all
 # connected to in the same instant.

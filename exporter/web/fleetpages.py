@@ -88,6 +88,23 @@ def fleet_families(fleet: Fleet) -> list[Family]:
     ]  # fmt: skip
 
 
+async def service_discovery_handler(request: web.Request) -> web.Response:
+    """The declared names in Prometheus's HTTP service discovery format
+    (``http_sd_configs``), so the targets are declared once, here: one group per
+    target, with ``__meta_pg_exporter_*`` labels for relabelling. Names only: no URL."""
+    groups = [
+        {
+            "targets": [member.name],
+            "labels": {
+                "__meta_pg_exporter_pgbouncer": str(member.state.settings.is_pgbouncer).lower(),
+                "__meta_pg_exporter_tags": ",".join(member.state.settings.tags),
+            },
+        }
+        for member in sorted(request.app[FLEET].members.values(), key=lambda m: m.name)
+    ]
+    return web.json_response(groups)
+
+
 async def targets_handler(request: web.Request) -> web.Response:
     """Every declared target: health, pg_up, passes, errors, last pass, breaker, URL."""
     fleet = request.app[FLEET]

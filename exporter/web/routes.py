@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from exporter import __version__
-from exporter.web.fleet import FLEET_PAGE
-from exporter.web.fleetpages import fleet_metrics_handler, probe_handler, targets_handler
+from exporter.web.fleet import FLEET_PAGE, SERVICE_DISCOVERY_PATH
+from exporter.web.fleetpages import (
+    fleet_metrics_handler,
+    probe_handler,
+    service_discovery_handler,
+    targets_handler,
+)
 from exporter.web.health import (
     ALIVE_PATH,
     PRIMARY_PATHS,
@@ -64,6 +69,7 @@ ROUTES: tuple[Route, ...] = (
 FLEET_ROUTES: tuple[Route, ...] = (
     Route("/probe", probe_handler, linked=False),  # needs ?target=NAME
     Route(FLEET_PAGE, targets_handler),
+    Route(SERVICE_DISCOVERY_PATH, service_discovery_handler),  # Prometheus http_sd_configs
 )
 LANDING = web.AppKey("landing", tuple[str, ...])  # the paths the landing page links
 
