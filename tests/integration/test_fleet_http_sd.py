@@ -38,8 +38,7 @@ scrape_configs:
 
 def _targets(cluster: LocalCluster, names: list[str]) -> str:
     entries = "".join(
-        f"  - name: {name}\n    url: {cluster.dsn()}\n    auto_discovery: false\n"
-        for name in names
+        f"  - name: {name}\n    url: {cluster.dsn()}\n    auto_discovery: false\n" for name in names
     )
     return "targets:\n" + entries
 
