@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+# A wait cancelled this close to its deadline was cut short by the budget, not a client.
+SAME_MOMENT = 0.01  # seconds
 
 
 class Gate:
@@ -28,9 +32,14 @@ class Gate:
         self.waited = 0  # passes that found every place taken
         self.wait_seconds = 0.0  # total time spent waiting for a place
 
-    async def enter(self, seconds: float) -> bool:
-        """Take a place within ``seconds``: True when taken (call :meth:`leave` after),
-        False when the time ran out. Cancelling the wait takes no place."""
+    def enter(self, seconds: float) -> Coroutine[Any, Any, bool]:
+        """Take a place within ``seconds`` of this call: True when taken (call
+        :meth:`leave` after), False when the time ran out. Cancelling the wait takes no
+        place; a wait cancelled once its time is up counts as refused all the same (the
+        request's deadline, the same moment, may cancel it before its own timeout does)."""
+        return self._enter(self.clock() + max(seconds, 0.0))
+
+    async def _enter(self, deadline: float) -> bool:
         if not self._places.locked():
             await self._places.acquire()  # a free place: no wait, no suspension
             self._took()
@@ -39,11 +48,15 @@ class Gate:
         self.waited += 1
         start = self.clock()
         try:
-            async with asyncio.timeout(max(seconds, 0.0)):
+            async with asyncio.timeout(max(deadline - self.clock(), 0.0)):
                 await self._places.acquire()
         except TimeoutError:
             self.refused += 1
             return False
+        except asyncio.CancelledError:
+            if self.clock() >= deadline - SAME_MOMENT:
+                self.refused += 1
+            raise
         finally:
             self.waiting -= 1
             self.wait_seconds += self.clock() - start
