@@ -1,5 +1,6 @@
-"""Real processes for integration tests: the exporter (``python -m exporter``), a Debian
-Prometheus, and a Debian HAProxy routing by the exporters' health paths."""
+"""Real processes for integration tests: the exporter (``python -m exporter``, for one
+target or a fleet), a Debian Prometheus, and a Debian HAProxy routing by the exporters'
+health paths."""
 
 from __future__ import annotations
 
@@ -21,11 +22,29 @@ from tests.integration.helpers import COLLECTORS, REPO, http_get, terminate, wai
 @contextlib.contextmanager
 def exporter(dsn: str, log: Path, *extra: str, connect_timeout_ms: int = 5000) -> Iterator[int]:
     """``python -m exporter`` with the default library against ``dsn``; its port."""
+    with _exporter(log, "-u", dsn, "-c", str(COLLECTORS), "-T", str(connect_timeout_ms),
+                   *extra) as port:  # fmt: skip
+        yield port
+
+
+@contextlib.contextmanager
+def fleet_exporter(
+    targets: Path, collectors: Path, log: Path, *extra: str, connect_timeout_ms: int = 5000
+) -> Iterator[int]:
+    """``python -m exporter`` in fleet mode: the targets file ``targets``, collectors from
+    ``collectors`` (a file or a directory); its port once it serves."""
+    with _exporter(log, "--targets.file", str(targets), "-c", str(collectors),
+                   "-T", str(connect_timeout_ms), *extra) as port:  # fmt: skip
+        yield port
+
+
+@contextlib.contextmanager
+def _exporter(log: Path, *args: str) -> Iterator[int]:
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "-u", dsn, "-c", str(COLLECTORS),
-             "--web.listen-address", f"127.0.0.1:{port}", "-T", str(connect_timeout_ms), *extra],
+            [sys.executable, "-m", "exporter", *args,
+             "--web.listen-address", f"127.0.0.1:{port}"],
             cwd=REPO, stdout=sink, stderr=sink, env={**os.environ},
         )  # fmt: skip
     try:
