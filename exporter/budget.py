@@ -96,11 +96,54 @@ class Budget:
         return None
 
 
+#: After cancelling work that talks to the server, how long to let psycopg wait for the
+#: server to confirm (a cancel request, then the query's end) before it is interrupted
+#: again and closes the connection instead. A frozen server never confirms; psycopg alone
+#: would wait 5 s for the cancel request and 5 s more for the query (seconds).
+CANCEL_GRACE = 1.0
+
+
+async def cancel_within(task: asyncio.Future[T], grace: float = CANCEL_GRACE) -> None:
+    """Cancel ``task`` and wait until it has ended, at most about ``grace`` seconds.
+
+    A query cancelled in a healthy server ends in milliseconds and its connection stays
+    usable. If the task is still running after ``grace`` (the server does not answer),
+    it is cancelled a second time: psycopg then closes the connection at once, and the
+    caller sees a broken connection instead of waiting ten more seconds.
+    """
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=grace)
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def within_deadline(work: Awaitable[T], seconds: float | None) -> T:
+    """Run ``work`` under a client-side deadline (None: none); TimeoutError once it passes.
+
+    The work is cancelled with :func:`cancel_within`, so even a frozen server cannot hold
+    it much past ``seconds`` (B11: a bounded collector ends within its own timeout).
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:  # shutdown: the work goes with the pass
+        await cancel_within(task)
+        raise
+    if not done:
+        await cancel_within(task)
+        if not task.cancelled() and task.exception() is None:
+            return task.result()  # it finished as it was being cancelled
+        raise TimeoutError
+    return task.result()
+
+
 async def until_request_ends(work: Awaitable[T], budget: Budget) -> T:
     """Run ``work`` until it finishes, or cancel it when the request ends first (B9, B12).
 
-    The cancelled work is awaited, so a query in flight is cancelled in the server
-    and its connection settles before this returns.
+    The cancelled work is awaited (for at most :data:`CANCEL_GRACE` before its connection
+    is dropped), so a query in flight is cancelled in the server and its connection
+    settles before this returns.
     """
     task = asyncio.ensure_future(work)
     ended = asyncio.ensure_future(budget.ended.wait())
@@ -111,8 +154,7 @@ async def until_request_ends(work: Awaitable[T], budget: Budget) -> T:
     finally:
         ended.cancel()
         if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_within(task)
     if task.cancelled():
         raise RequestEnded(budget.interruption() or Interruption.BUDGET)
     return task.result()

@@ -8,7 +8,6 @@ its own deadline; results are published whole or not at all.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import random as _random
@@ -32,7 +31,7 @@ from exporter.backoff import (
     spread,
 )
 from exporter.breaker import NO_SHEDDING, PassTally, Shedding, distress_of, is_shed
-from exporter.budget import Budget, Interruption, until_request_ends
+from exporter.budget import Budget, Interruption, until_request_ends, within_deadline
 from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
 from exporter.connections import ConnectionBudget
 from exporter.definitions import Collector, Definitions, Predicate
@@ -389,8 +388,8 @@ class Server:
         try:
             if collector.bounded:
                 # Its own deadline only: it finishes even if its request ends (B11).
-                async with self.client_deadline(collector):
-                    builder = await self._query(conn, collector)
+                work = self._query(conn, collector)
+                builder = await within_deadline(work, self.client_deadline(collector))
             else:  # nothing else bounds it, so it ends with its request (B12)
                 builder = await until_request_ends(self._query(conn, collector), budget)
         finally:
@@ -404,9 +403,9 @@ class Server:
             log.warning(warning, extra={"collector": collector.key, "datname": self.label})
         return builder.finish(), builder.series, Outcome.OK
 
-    def client_deadline(self, collector: Collector) -> asyncio.Timeout:
-        """The client-side deadline; the server-side limits mirror it (D1)."""
-        return asyncio.timeout(collector.timeout)
+    def client_deadline(self, collector: Collector) -> float | None:
+        """Seconds of the client-side deadline; the server-side limits mirror it (D1)."""
+        return collector.timeout
 
     async def _query(self, conn: Conn, collector: Collector) -> SampleBuilder | _Skipped | None:
         """Predicates then the main query in one read-only transaction (B13, D1).

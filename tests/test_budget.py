@@ -1,10 +1,20 @@
-"""Budget arithmetic and the scrape-timeout header (B7, B10)."""
+"""Budget arithmetic, the scrape-timeout header (B7, B10), and cancelling work that a
+frozen server would hold (B9, B11, B12)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from exporter.budget import DEFAULT_BUDGET, Budget, Interruption, budget_seconds
+from exporter.budget import (
+    DEFAULT_BUDGET,
+    Budget,
+    Interruption,
+    budget_seconds,
+    cancel_within,
+    within_deadline,
+)
 from tests.clock import FakeClock
 
 
@@ -57,3 +67,54 @@ def test_interruption_reasons_are_an_enum_of_label_values() -> None:
     clock.advance(1.0)
     assert budget.interruption() is Interruption.BUDGET
     assert [r.value for r in Interruption] == ["budget", "client", "write_timeout"]
+
+
+async def _stubborn(cleanups: list[str]) -> None:
+    """Like psycopg cancelling a query: the first cancellation starts a long wait for
+    the server; only a second one ends it."""
+    try:
+        await asyncio.sleep(100)
+    except asyncio.CancelledError:
+        try:
+            await asyncio.sleep(100)  # waiting for a frozen server to confirm
+        except asyncio.CancelledError:
+            cleanups.append("connection closed")
+            raise
+        raise
+
+
+async def test_cancel_within_interrupts_a_cancellation_that_lingers() -> None:
+    cleanups: list[str] = []
+    task = asyncio.ensure_future(_stubborn(cleanups))
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await cancel_within(task, grace=0.05)
+    assert task.cancelled()
+    assert cleanups == ["connection closed"]
+    assert loop.time() - started < 5.0  # the grace, not the 100 s wait
+
+
+async def test_cancel_within_lets_a_prompt_cancellation_end_by_itself() -> None:
+    async def prompt() -> None:
+        await asyncio.sleep(100)
+
+    task = asyncio.ensure_future(prompt())
+    await asyncio.sleep(0)
+    await cancel_within(task, grace=30.0)
+    assert task.cancelled()
+
+
+async def test_within_deadline_times_out_even_when_the_work_ignores_one_cancel() -> None:
+    cleanups: list[str] = []
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(within_deadline(_stubborn(cleanups), 0.01), timeout=10)
+    assert cleanups == ["connection closed"]
+
+
+async def test_within_deadline_returns_the_result_in_time() -> None:
+    async def quick() -> int:
+        return 7
+
+    assert await within_deadline(quick(), 5.0) == 7
+    assert await within_deadline(quick(), None) == 7
