@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from psycopg.conninfo import make_conninfo
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from exporter.errors import ConfigError, TargetError, excerpt
 from exporter.loading import parse_yaml, read_text
@@ -166,11 +167,21 @@ class _Reader:
         merged = {**defaults, **entry}
         if isinstance(defaults.get("labels"), dict) and isinstance(entry.get("labels"), dict):
             merged["labels"] = {**defaults["labels"], **entry["labels"]}  # labels add up
+        # A password source of the target's own replaces the defaults' (never both).
+        own_password = any(entry.get(key) is not None for key in PASSWORD_SOURCES)
+        for key in PASSWORD_SOURCES:
+            merged[key] = entry.get(key) if own_password else defaults.get(key)
         url = self.url(where, entry)
         password = self.password(where, merged)
         settings = self.options(where, merged)
         if len(notes.problems) > before or url is None or settings is None:
             return None
+        if password is not None and _has_password(url):
+            if own_password:  # two passwords of its own: which one was meant?
+                notes.error(where, "the URL holds a password and password_env or "
+                            "password_file gives another; give it in one place")  # fmt: skip
+                return None
+            password = None  # the target's URL wins over the defaults' password
         if password is not None:
             url = make_conninfo(url, password=password)
         try:
@@ -315,6 +326,14 @@ _OPTION_READERS: dict[str, _Read] = {
     "password_file": _secret_source,
 }
 _SETTING_OF = {"labels": "const_labels"}
+
+
+def _has_password(url: str) -> bool:
+    """True when libpq reads a password in ``url`` (False for one it cannot read)."""
+    try:
+        return bool(conninfo_to_dict(url).get("password"))
+    except psycopg.Error:
+        return False
 
 
 def _suggest(key: object, known: frozenset[str]) -> str:

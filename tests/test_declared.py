@@ -213,3 +213,38 @@ def test_yaml_limits_of_the_collector_loader_apply(tmp_path: Path) -> None:
     )
     message = _problems(_write(tmp_path, bomb + "targets: *j\n"))
     assert "alias" in message or "values" in message
+
+
+def test_a_targets_own_password_replaces_the_defaults(tmp_path: Path) -> None:
+    """A target's own password source, or a password in its own URL, wins over the
+    defaults' password source; two of the target's own are refused."""
+    default_file = tmp_path / "default-password"
+    default_file.write_text("from-defaults\n")
+    path = _write(
+        tmp_path,
+        f"""
+defaults:
+  password_file: {default_file}
+targets:
+  - name: default
+    url: postgresql://u@h/db
+  - name: own-env
+    url: postgresql://u@h/db
+    password_env: OWN
+  - name: own-url
+    url: postgresql://u:from-url@h/db
+""",
+    )
+    declared = load_targets(path, BASE, {"OWN": "from-env"})
+    passwords = {t.name: dict(t.settings.target.params)["password"] for t in declared.targets}
+    assert passwords == {"default": "from-defaults", "own-env": "from-env", "own-url": "from-url"}
+
+
+def test_two_passwords_of_a_target_are_refused(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        f"targets:\n  - name: a\n    url: postgresql://u:{SECRET}@h/db\n    password_env: P\n",
+    )
+    message = _problems(path, {"P": "other"})
+    assert "targets[0](a): the URL holds a password and password_env or password_file" in message
+    assert SECRET not in message
