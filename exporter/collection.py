@@ -347,6 +347,17 @@ class Exporter:
         for server in self.servers:
             await server.disconnect()
 
+    async def release(self) -> bool:
+        """Close every connection unless a pass is running (fleet mode: a target nobody
+        collects any more); True when any was open. The next pass connects again."""
+        if self.lock.locked() or self._closing:
+            return False
+        async with self.lock:  # free: taken at once, so no pass starts meanwhile
+            opened = [server for server in self.servers if server.conn is not None]
+            for server in opened:
+                await server.disconnect()
+        return bool(opened)
+
     def last_plans(self) -> str:
         """Every database's plan as the last pass (or start-up) made it, for ``/explain``.
 

@@ -64,10 +64,14 @@ async def _serve(
     app[RELOADER].rebase()  # the certificate files count from now on
     runner = make_runner(app)
     await runner.setup()  # starts the fleet's members
+    # A fleet's targets are connected to when first probed, unless --fail-fast wants
+    # them all checked now: a replica of a sharded fleet never connects to the others'.
     exporters: list[tuple[str | None, Settings, Exporter]] = (
         [(None, settings, app[STATE].exporter)]
         if declared is None
         else [(m.name, m.state.settings, m.state.exporter) for m in app[FLEET].members.values()]
+        if settings.fail_fast
+        else []
     )
     if not await _first_contact(exporters, settings.fail_fast):
         await runner.cleanup()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -35,11 +35,14 @@ log = logging.getLogger(__name__)
 TARGET_PARAMETER = "target"
 FLEET_PAGE = "/targets"
 SERVICE_DISCOVERY_PATH = "/sd"  # the declared names for Prometheus's http_sd_configs
-# Health probes start spread over their first interval, and over longer for a large
-# fleet (at most PROBE_STARTS_PER_SECOND), so that hundreds of targets are not all
-# connected to in the same instant.
-PROBE_SPREAD = 1.0  # seconds
-PROBE_STARTS_PER_SECOND = 100
+# A target's health probe runs while load balancers ask about it: it starts with the
+# first health request naming the target and stops, closing its connection, once none
+# has come for this long. A fleet nobody routes by costs no probe connections at all.
+HEALTH_IDLE = 300.0  # seconds
+# A target no pass has collected for this long gives its connections back (say, it
+# moved to another replica's shard); the next probe of it connects again.
+CONNECTIONS_IDLE = 300.0  # seconds
+JANITOR_PERIOD = 60.0  # seconds between two looks for idle connections
 
 
 @dataclass(slots=True)
@@ -49,23 +52,51 @@ class Member:
     declared: DeclaredTarget
     state: State
     probe: HealthProbe
+    asked_at: float = 0.0  # the event loop's time of the last health request
     _probing: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.state.exporter.recovery_seen = self.probe.recovery_seen
 
     @property
     def name(self) -> str:
         """The declared name: what ``?target=`` asks for."""
         return self.declared.name
 
-    def start(self, delay: float) -> None:
-        """Run the health probe (after ``delay`` seconds), its log lines naming the target."""
-        self.state.exporter.recovery_seen = self.probe.recovery_seen
-        token = TARGET.set(self.name)  # the probe task copies the context it starts in
+    @property
+    def probing(self) -> bool:
+        """True while the health probe runs (health requests came recently)."""
+        return self._probing is not None and not self._probing.done()
+
+    async def health(self) -> HealthProbe:
+        """The health probe, started by the first health request in a while.
+
+        A request that starts it waits for the first answer, at most the connect timeout
+        (which also bounds the probe), so it does not answer ``unknown`` needlessly.
+        """
+        loop = asyncio.get_running_loop()
+        self.asked_at = loop.time()
+        if not self.probing:
+            token = TARGET.set(self.name)  # the probe task copies the context it starts in
+            try:
+                self.probe.probed.clear()
+                self._probing = asyncio.create_task(
+                    self._probe_while_asked(), name=f"health probe {self.name}"
+                )
+            finally:
+                TARGET.reset(token)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.probe.connect_timeout + FIRST_PROBE_MARGIN):
+                    await self.probe.probed.wait()
+        return self.probe
+
+    async def _probe_while_asked(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            self._probing = asyncio.create_task(
-                _probe_after(self.probe, delay), name=f"health probe {self.name}"
-            )
+            await self.probe.run(until=lambda: loop.time() - self.asked_at > HEALTH_IDLE)
+            log.info("health probe stopped: no health request for %gs", HEALTH_IDLE)
         finally:
-            TARGET.reset(token)
+            await self.probe.close()
 
     async def close(self) -> None:
         """Stop the probe, let a pass in flight end, close every connection."""
@@ -77,9 +108,7 @@ class Member:
         await self.state.exporter.close()
 
 
-async def _probe_after(probe: HealthProbe, delay: float) -> None:
-    await asyncio.sleep(delay)
-    await probe.run()
+FIRST_PROBE_MARGIN = 0.05  # seconds, beyond the connect timeout, for the first answer
 
 
 class Fleet:
@@ -91,15 +120,18 @@ class Fleet:
         self.definitions = definitions
         self.gate = Gate(settings.max_concurrent_targets)
         self.members: dict[str, Member] = {}
+        self._janitor: asyncio.Task[None] | None = None
 
     def member(self, name: str) -> Member | None:
         """The member declared as ``name``, or None."""
         return self.members.get(name)
 
     def start(self) -> None:
-        """Create and start every declared member."""
+        """Create every declared member (none connects until it is asked about), and
+        start the janitor that gives idle targets' connections back."""
         for target in self.declared.targets:
             self._add(target)
+        self._janitor = asyncio.create_task(self._release_idle(), name="fleet janitor")
 
     def _add(self, target: DeclaredTarget) -> None:
         settings = target.settings
@@ -112,10 +144,23 @@ class Fleet:
         probe = HealthProbe(
             settings.target.conninfo, settings.connect_timeout, pgbouncer=settings.is_pgbouncer
         )
-        member = Member(target, state, probe)
-        self.members[target.name] = member
-        spread = max(PROBE_SPREAD, len(self.declared.targets) / PROBE_STARTS_PER_SECOND)
-        member.start(delay=random.uniform(0.0, spread))
+        self.members[target.name] = Member(target, state, probe)
+
+    async def _release_idle(self) -> None:
+        """Every JANITOR_PERIOD, close the connections of targets no pass has collected
+        for CONNECTIONS_IDLE seconds (a pass in flight is never touched)."""
+        while True:
+            await asyncio.sleep(JANITOR_PERIOD)
+            now = time.time()
+            for member in list(self.members.values()):
+                exporter = member.state.exporter
+                last = exporter.stats.last_scrape_time
+                if last and now - last > CONNECTIONS_IDLE and await exporter.release():
+                    log.info(
+                        "closed the connections of a target not collected for %gs",
+                        CONNECTIONS_IDLE,
+                        extra={"target": member.name},
+                    )
 
     async def apply(self, declared: Declared, definitions: Definitions | None) -> str:
         """Take a reloaded targets file (and collector definitions, when they changed).
@@ -143,6 +188,10 @@ class Fleet:
 
     async def close(self) -> None:
         """Close every member (shutdown)."""
+        if self._janitor is not None:
+            self._janitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._janitor
         members, self.members = list(self.members.values()), {}
         await asyncio.gather(*(member.close() for member in members))
 

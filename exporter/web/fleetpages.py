@@ -55,8 +55,10 @@ def fleet_families(fleet: Fleet) -> list[Family]:
     def per_target(value: Callable[[Member], float]) -> Samples:
         return [((("target", m.name),), value(m)) for m in members]
 
-    health: Samples = [
-        ((("target", m.name), ("status", m.probe.current().status.value)), 1.0) for m in members
+    health: Samples = [  # only targets whose health is being asked about are probed
+        ((("target", m.name), ("status", m.probe.current().status.value)), 1.0)
+        for m in members
+        if m.probing
     ]
     return [
         single("targets", "gauge", "targets the targets file declares", float(len(members))),
@@ -75,7 +77,8 @@ def fleet_families(fleet: Fleet) -> list[Family]:
                gate.wait_seconds),
         family("target_up", "gauge", "1 when the target answered its last pass",
                per_target(lambda m: float(m.state.exporter.main.up))),
-        family("target_health", "gauge", "the health probe's status word of each target",
+        family("target_health", "gauge",
+               "the health probe's status word of each target whose health is asked about",
                health),
         family("target_scrapes_total", "counter", "collection passes run for the target",
                per_target(lambda m: float(m.state.exporter.stats.scrapes))),
@@ -118,7 +121,7 @@ async def targets_handler(request: web.Request) -> web.Response:
         rows.append(
             (
                 member.name,
-                member.probe.current().status.value,
+                member.probe.current().status.value if member.probing else "-",
                 "1" if exporter.main.up else "0",
                 str(stats.scrapes),
                 str(stats.errors),

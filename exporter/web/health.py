@@ -67,7 +67,7 @@ def health_handler(
     """The handler of a routing endpoint: it reads the probe's snapshot, never the database."""
 
     async def handler(request: web.Request) -> web.Response:
-        probe = member_for(request).probe if FLEET in request.app else request.app[key]
+        probe = await member_for(request).health() if FLEET in request.app else request.app[key]
         status = probe.current().status
         return web.Response(status=answer(want, status), text=status.value, headers=_HEADERS)
 

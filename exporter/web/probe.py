@@ -141,6 +141,7 @@ class HealthProbe:
         self._wake = asyncio.Event()  # set when something suggests probing now
         self.snapshot = HealthSnapshot(Status.UNKNOWN, clock(), "not probed yet")
         self.reading = Reading(Status.UNKNOWN)  # what the last probe saw
+        self.probed = asyncio.Event()  # set once the first probe has published its outcome
 
     def current(self) -> HealthSnapshot:
         """The snapshot, or UNKNOWN once it is too old to repeat.
@@ -166,12 +167,15 @@ class HealthProbe:
         if self.snapshot.status is not seen:
             self.suggest(f"a scrape saw a {seen.value}")
 
-    async def run(self) -> None:
-        """Probe at the pace's interval until cancelled; probes never overlap."""
+    async def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Probe at the pace's interval until cancelled, or until ``until()`` says so
+        after a probe; probes never overlap."""
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
             await self.probe_once()
+            if until is not None and until():
+                return
             await self._pause(self.pace.interval(self._clock()) - (loop.time() - started))
 
     async def probe_once(self) -> HealthSnapshot:
@@ -187,6 +191,7 @@ class HealthProbe:
                 reading, error = Reading(Status.DOWN), f"no answer within {self.connect_timeout:g}s"
             self.reading = reading
             self._publish(reading.status, error)
+            self.probed.set()
             self._pace(reading, took=self._clock() - started)
         finally:
             if not task.done():
