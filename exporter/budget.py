@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -118,24 +119,36 @@ async def cancel_within(task: asyncio.Future[T], grace: float = CANCEL_GRACE) ->
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def within_deadline(work: Awaitable[T], seconds: float | None) -> T:
-    """Run ``work`` under a client-side deadline (None: none); TimeoutError once it passes.
+@contextlib.asynccontextmanager
+async def deadline(seconds: float | None, grace: float = CANCEL_GRACE) -> AsyncIterator[None]:
+    """A client-side deadline for the block (None: none); TimeoutError once it passes.
 
-    The work is cancelled with :func:`cancel_within`, so even a frozen server cannot hold
-    it much past ``seconds`` (B11: a bounded collector ends within its own timeout).
+    At ``seconds`` the block is cancelled in its own task, as ``asyncio.timeout`` does,
+    so psycopg cancels the query in the server and settles the connection. If the block
+    still runs ``grace`` seconds later (the server does not answer), it is cancelled
+    again and psycopg closes the connection: even a frozen server cannot hold a bounded
+    collector much past its own timeout (B11).
     """
-    task = asyncio.ensure_future(work)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=seconds)
-    except asyncio.CancelledError:  # shutdown: the work goes with the pass
-        await cancel_within(task)
-        raise
-    if not done:
-        await cancel_within(task)
-        if not task.cancelled() and task.exception() is None:
-            return task.result()  # it finished as it was being cancelled
-        raise TimeoutError
-    return task.result()
+    if seconds is None:
+        yield
+        return
+    task = asyncio.current_task()
+    assert task is not None, "deadline() needs a task"
+    interrupted = False
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    async with asyncio.timeout(seconds):
+        again = asyncio.get_running_loop().call_later(seconds + grace, interrupt)
+        try:
+            yield
+        finally:
+            again.cancel()
+            if interrupted:
+                task.uncancel()  # ours, not a caller's: the timeout still reads as one
 
 
 async def until_request_ends(work: Awaitable[T], budget: Budget) -> T:

@@ -31,7 +31,7 @@ from exporter.backoff import (
     spread,
 )
 from exporter.breaker import NO_SHEDDING, PassTally, Shedding, distress_of, is_shed
-from exporter.budget import Budget, Interruption, until_request_ends, within_deadline
+from exporter.budget import Budget, Interruption, deadline, until_request_ends
 from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
 from exporter.connections import ConnectionBudget
 from exporter.definitions import Collector, Definitions, Predicate
@@ -388,8 +388,8 @@ class Server:
         try:
             if collector.bounded:
                 # Its own deadline only: it finishes even if its request ends (B11).
-                work = self._query(conn, collector)
-                builder = await within_deadline(work, self.client_deadline(collector))
+                async with deadline(self.client_deadline(collector)):
+                    builder = await self._query(conn, collector)
             else:  # nothing else bounds it, so it ends with its request (B12)
                 builder = await until_request_ends(self._query(conn, collector), budget)
         finally:

@@ -13,7 +13,7 @@ from exporter.budget import (
     Interruption,
     budget_seconds,
     cancel_within,
-    within_deadline,
+    deadline,
 )
 from tests.clock import FakeClock
 
@@ -105,16 +105,23 @@ async def test_cancel_within_lets_a_prompt_cancellation_end_by_itself() -> None:
     assert task.cancelled()
 
 
-async def test_within_deadline_times_out_even_when_the_work_ignores_one_cancel() -> None:
+async def test_deadline_interrupts_a_cancellation_that_lingers() -> None:
     cleanups: list[str] = []
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(within_deadline(_stubborn(cleanups), 0.01), timeout=10)
+        async with deadline(0.01, grace=0.05):
+            await _stubborn(cleanups)
     assert cleanups == ["connection closed"]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 
 
-async def test_within_deadline_returns_the_result_in_time() -> None:
-    async def quick() -> int:
-        return 7
+async def test_deadline_lets_a_prompt_cancellation_end_by_itself() -> None:
+    with pytest.raises(TimeoutError):
+        async with deadline(0.01, grace=30.0):
+            await asyncio.sleep(100)
 
-    assert await within_deadline(quick(), 5.0) == 7
-    assert await within_deadline(quick(), None) == 7
+
+async def test_deadline_leaves_work_in_time_alone() -> None:
+    async with deadline(5.0):
+        await asyncio.sleep(0)
+    async with deadline(None):
+        await asyncio.sleep(0)
