@@ -199,14 +199,7 @@ class _Reader:
                 where, f"exactly one of {', '.join(URL_SOURCES)} names the target; {why}"
             )
             return None
-        key = given[0]
-        value = entry[key]
-        if not isinstance(value, str) or not value.strip():
-            self.notes.error(f"{where}.{key}", f"must be a non-empty string, got {kind_of(value)}")
-            return None
-        if key == "url":
-            return value
-        return self.secret(f"{where}.{key}", key, value, "the target URL")
+        return self.source(where, given[0], entry[given[0]], "the target URL")
 
     def password(self, where: str, merged: dict[Any, Any]) -> str | None:
         given = [key for key in PASSWORD_SOURCES if merged.get(key) is not None]
@@ -215,12 +208,15 @@ class _Reader:
             return None
         if not given:
             return None
-        key = given[0]
-        value = merged[key]
+        return self.source(where, given[0], merged[given[0]], "the password")
+
+    def source(self, where: str, key: str, value: object, what: str) -> str | None:
+        """``what`` given by field ``key``: the text itself (``url``), or read from the
+        environment variable or file it names; None after noting a problem."""
         if not isinstance(value, str) or not value.strip():
             self.notes.error(f"{where}.{key}", f"must be a non-empty string, got {kind_of(value)}")
             return None
-        return self.secret(f"{where}.{key}", key, value, "the password")
+        return value if key == "url" else self.secret(f"{where}.{key}", key, value, what)
 
     def secret(self, where: str, key: str, source: str, what: str) -> str | None:
         """The value of an environment variable or the first line of a file: never quoted."""
