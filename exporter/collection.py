@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from exporter.backoff import Random, retry_in
+from exporter.backoff import Random
 from exporter.breaker import (
     Breaker,
     BreakerPolicy,
@@ -357,45 +357,6 @@ class Exporter:
             for server in opened:
                 await server.disconnect()
         return bool(opened)
-
-    def last_plans(self) -> str:
-        """Every database's plan as the last pass (or start-up) made it, for ``/explain``.
-
-        It takes no lock and sends no SQL, so no number of ``/explain`` requests can
-        delay a scrape or be counted as a pass it shared; every pass plans afresh when a
-        server's facts change, so the plans are as recent as the last scrape.
-        """
-        if self.main.plan is None:
-            return "nothing planned yet: the first scrape that reaches the target plans it\n"
-        parts = []
-        if self.pending is not None:
-            parts.append("a reloaded config applies from the next pass; below, the running one\n")
-        if not self.main.up and self.stats.scrapes:
-            parts.append("pg_up was 0 at the last pass; these plans are from before\n")
-        parts.append(self.degradation_text())
-        for server in self.servers:
-            if server.plan is None:
-                parts.append(f"database {server.label}: not planned yet (the next pass plans it)\n")
-            else:
-                parts.append(explain_text(server.plan))
-        return "\n".join(parts)
-
-    def degradation_text(self) -> str:
-        """The breaker's state, and what the last pass shed or held back, for ``/explain``."""
-        now = self.clock()
-        lines = [f"breaker: {self.breaker.describe(now)}"]
-        for server in self.servers:
-            if server.shed:
-                lines.append(f"  shed on {server.label}: {', '.join(server.shed)}")
-            waiting = [
-                f"{key} ({backoff.failures} failures in a row, next try in "
-                f"{retry_in(backoff, now):.0f}s)"
-                for key, backoff in sorted(server.backoffs.items())
-                if backoff.backing_off
-            ]
-            if waiting:
-                lines.append(f"  backing off on {server.label}: {', '.join(waiting)}")
-        return "\n".join(lines) + "\n"
 
     async def explain(self, budget: Budget) -> str:
         """The plan of every database, refreshing facts first, within ``budget`` (``--explain``).

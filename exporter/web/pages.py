@@ -11,6 +11,7 @@ import logging
 
 from aiohttp import web
 
+from exporter.explain import last_plans
 from exporter.flags import version_text
 from exporter.stat import stat_text
 from exporter.web.fleet import state_for
@@ -28,7 +29,7 @@ async def version_handler(request: web.Request) -> web.Response:
 async def explain_handler(request: web.Request) -> web.Response:
     """Planned collectors with their SQL, and why the others were not planned, as the
     last pass planned them: it never waits for the collection lock nor sends SQL."""
-    return text_or_html(request, "explain", state_for(request, STATE).exporter.last_plans())
+    return text_or_html(request, "explain", last_plans(state_for(request, STATE).exporter))
 
 
 async def stat_handler(request: web.Request) -> web.Response:

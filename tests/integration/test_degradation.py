@@ -23,6 +23,7 @@ from exporter.breaker import BreakerState
 from exporter.budget import Budget, Interruption
 from exporter.cache import Outcome
 from exporter.collection import Exporter, Snapshot
+from exporter.explain import last_plans
 from exporter.exposition import Format, encode
 from exporter.selfmetrics import SelfMetrics
 from exporter.stat import stat_text
@@ -292,7 +293,7 @@ async def test_a_locked_server_sheds_the_least_important_and_recovers_without_fl
         assert value(metrics, "pg_exporter_breaker_trips_total") == 1
         assert value(metrics, "pg_exporter_breaker_state", state="normal") == 0
         assert value(metrics, "pg_exporter_breaker_shed_collectors") == len(exporter.main.shed)
-        explain = exporter.last_plans()
+        explain = last_plans(exporter)
         assert f"breaker: {exporter.breaker.state.value}" in explain
         assert ("shed on" in explain) is bool(exporter.main.shed)
 
