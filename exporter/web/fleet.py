@@ -43,6 +43,7 @@ HEALTH_IDLE = 300.0  # seconds
 # moved to another replica's shard); the next probe of it connects again.
 CONNECTIONS_IDLE = 300.0  # seconds
 JANITOR_PERIOD = 60.0  # seconds between two looks for idle connections
+FIRST_PROBE_MARGIN = 0.05  # seconds, beyond the connect timeout, for a probe's first answer
 
 
 @dataclass(slots=True)
@@ -71,8 +72,9 @@ class Member:
     async def health(self) -> HealthProbe:
         """The health probe, started by the first health request in a while.
 
-        A request that starts it waits for the first answer, at most the connect timeout
-        (which also bounds the probe), so it does not answer ``unknown`` needlessly.
+        Requests that come before its first answer wait for it, at most the connect
+        timeout (which also bounds the probe), so they do not answer ``unknown``
+        needlessly; later ones never wait.
         """
         loop = asyncio.get_running_loop()
         self.asked_at = loop.time()
@@ -85,6 +87,7 @@ class Member:
                 )
             finally:
                 TARGET.reset(token)
+        if not self.probe.probed.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.probe.connect_timeout + FIRST_PROBE_MARGIN):
                     await self.probe.probed.wait()
@@ -106,9 +109,6 @@ class Member:
                 await self._probing
         await self.probe.close()
         await self.state.exporter.close()
-
-
-FIRST_PROBE_MARGIN = 0.05  # seconds, beyond the connect timeout, for the first answer
 
 
 class Fleet:
@@ -155,7 +155,15 @@ class Fleet:
             for member in list(self.members.values()):
                 exporter = member.state.exporter
                 last = exporter.stats.last_scrape_time
-                if last and now - last > CONNECTIONS_IDLE and await exporter.release():
+                if not last or now - last <= CONNECTIONS_IDLE:
+                    continue
+                try:
+                    released = await exporter.release()
+                except Exception:  # one target's trouble must not stop the janitor
+                    log.exception("closing an idle target's connections failed",
+                                  extra={"target": member.name})  # fmt: skip
+                    continue
+                if released:
                     log.info(
                         "closed the connections of a target not collected for %gs",
                         CONNECTIONS_IDLE,
