@@ -100,8 +100,10 @@ class Budget:
 #: After cancelling work that talks to the server, how long to let psycopg wait for the
 #: server to confirm (a cancel request, then the query's end) before it is interrupted
 #: again and closes the connection instead. A frozen server never confirms; psycopg alone
-#: would wait 5 s for the cancel request and 5 s more for the query (seconds).
-CANCEL_GRACE = 1.0
+#: would wait 5 s for the cancel request and 5 s more for the query. A live server under
+#: load can take a second to fork for the cancel request, and a connection dropped
+#: before the cancel arrives leaves its query running: so seconds, not milliseconds.
+CANCEL_GRACE = 3.0
 
 
 async def cancel_within(task: asyncio.Future[T], grace: float = CANCEL_GRACE) -> None:

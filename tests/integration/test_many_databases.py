@@ -362,11 +362,20 @@ async def test_unbounded_collector_in_a_discovered_database_is_cancelled_in_post
     seconds = f"CASE WHEN current_database() = '{target}' THEN 30 ELSE 0 END"
     served = await _parallel(start, pg18, _sleepy(m, seconds, timeout=-1), databases[:8])
     leaver = await RawClient.send(served.port)
-    await poll_async(lambda: exporter_running(pg18, m), f"the unbounded collector in {target}")
+    # In the target database itself: the others run the same (instant) query, and one of
+    # them seen running would let the client leave before the target's collector starts.
+    running = f"state = 'active' AND datname = '{target}' AND query LIKE '%{m}%'"
+    await poll_async(
+        lambda: exporter_backends(pg18, running) > 0, f"the unbounded collector in {target}"
+    )
     leaver.hang_up()
     await poll(lambda: not served.app[STATE].exporter.lock.locked(), "the pass to end")
     busy = "state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
     await poll_async(lambda: exporter_backends(pg18, busy) == 0, "no busy backend", within=10)
-    assert any("57014" in line and m in line for line in pg18.log_text().splitlines())
+    await poll_async(
+        lambda: any("57014" in line and m in line for line in pg18.log_text().splitlines()),
+        "the server to log the cancellation (57014)",
+        within=10,
+    )
     entry = served.app[STATE].exporter.discovered[target].entries["sleepy"]
     assert entry.outcome is Outcome.CANCELLED
