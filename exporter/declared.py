@@ -303,11 +303,6 @@ class _Reader:
         return value
 
 
-def _secret_source(reader: _Reader, where: str, value: object) -> None:
-    """Password sources are read by :meth:`_Reader.password`, not as settings."""
-    return
-
-
 _Read = Callable[[_Reader, str, Any], Any]
 _OPTION_READERS: dict[str, _Read] = {
     "labels": _Reader.labels,
@@ -318,8 +313,6 @@ _OPTION_READERS: dict[str, _Read] = {
     "max_connections": lambda r, w, v: r.count(w, v, MIN_MAX_CONNECTIONS),
     "parallel_databases": lambda r, w, v: r.count(w, v, 1),
     "namespace": _Reader.namespace,
-    "password_env": _secret_source,
-    "password_file": _secret_source,
 }
 _SETTING_OF = {"labels": "const_labels"}
 

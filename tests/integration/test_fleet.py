@@ -230,7 +230,8 @@ async def test_hung_or_stopped_target_delays_no_other(
     """While one target hangs (its server frozen by SIGSTOP after the exporter connected,
     or a listener that accepts and never answers) or is shut down, the other four are
     scraped concurrently and answer within a fraction of the hung one's budget; the hung
-    one answers 503 or pg_up 0 within its own budget."""
+    one answers 503 or pg_up 0 within its own budget, a frozen server's cancellation
+    given CANCEL_GRACE at most (B9, B21, D7)."""
     m = _marker()
     with Listener() as silent:
         hung_url = silent.dsn() if hang == "silent" else spare.dsn()

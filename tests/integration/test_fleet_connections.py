@@ -44,8 +44,9 @@ async def _count(cluster: LocalCluster, application: str) -> int:
 async def test_a_fleet_connects_only_to_what_it_is_asked_about(
     pg18: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No connection at start; a probe opens the target's one; a health request starts
-    its probe (one more); both are given back once nobody asks (idle limits shortened)."""
+    """No connection at start; a probe opens the target's one (D5: opened on first use);
+    a health request starts its probe (one more); both are given back once nobody asks
+    (idle limits shortened)."""
     monkeypatch.setattr(fleet_module, "HEALTH_IDLE", 1.0)
     monkeypatch.setattr(fleet_module, "CONNECTIONS_IDLE", 1.0)
     monkeypatch.setattr(fleet_module, "JANITOR_PERIOD", 0.2)
@@ -57,9 +58,10 @@ async def test_a_fleet_connects_only_to_what_it_is_asked_about(
         tmp_path / "targets.yml", [{"name": "asked", "url": dsn}, {"name": "never", "url": dsn}]
     )
     async with serving_fleet(settings, definitions, targets) as served:
-        # Nothing to wait for: a window in which eager probes (once spread over 1 s)
-        # or a first contact would have connected.
-        await asyncio.sleep(1.2)
+        # Serving has started: nothing is probing, nothing connected or connecting.
+        for name in ("asked", "never"):
+            assert not member(served, name).probing, name
+            assert member(served, name).state.exporter.main.conn is None, name
         assert await _count(pg18, application) == 0, "connected before anything was asked"
 
         response = await get(served.port, "/probe?target=asked")
