@@ -192,15 +192,33 @@ class Family:
 
     def body(self, fmt: Format) -> bytes:
         """The sample lines, computed once per format."""
-        if fmt is Format.TEXT or self.kind != "counter" or self.name.endswith("_total"):
+        if fmt is Format.TEXT or self.kind != "counter":
             return self.text_samples
         key = (fmt, False)
         cached = self._memo.get(key)
         if cached is None:
-            # Escaped label values hold no raw newline, so every "\n" starts a sample name.
-            old, new = b"\n" + self.name.encode(), b"\n" + self.name.encode() + b"_total"
-            cached = self._memo[key] = (b"\n" + self.text_samples).replace(old, new)[1:]
+            cached = self._memo[key] = _openmetrics_counter(self.name, self.text_samples)
         return cached
+
+
+def _openmetrics_counter(name: str, samples: bytes) -> bytes:
+    """A counter's text-format samples as OpenMetrics wants them: named ``_total``, and
+    none NaN or negative, which a strict parser rejects with the whole exposition (a
+    replica's LSN on a primary is NaN). The text format keeps them, as Go's does."""
+    if b" NaN\n" in samples or b" -" in samples:
+        lines = samples.splitlines(keepends=True)  # escaped label values hold no newline
+        samples = b"".join(line for line in lines if _counts(line.rsplit(b" ", 1)[-1]))
+    if name.endswith("_total"):
+        return samples
+    # Escaped label values hold no raw newline, so every "\n" starts a sample name.
+    old, new = b"\n" + name.encode(), b"\n" + name.encode() + b"_total"
+    return (b"\n" + samples).replace(old, new)[1:]
+
+
+def _counts(value: bytes) -> bool:
+    """False for a sample value no counter may have: NaN or below zero."""
+    number = float(value)  # every value here was written by format_value or str()
+    return number >= 0  # False for NaN too; -0 is zero
 
 
 def make_family(

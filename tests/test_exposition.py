@@ -326,3 +326,23 @@ def test_promtool_accepts_text_output(promtool: str) -> None:
     """promtool parses the text output; its only complaints are the naming rules we keep."""
     families = [*_mixed_families(), *runtime_families([("instance", "x")])]
     assert unexpected_problems(promtool, encode(families, Format.TEXT)) == []
+
+
+def test_openmetrics_leaves_out_counter_samples_no_counter_may_have() -> None:
+    """A NaN or negative counter sample (pg_receive_lsn on a primary) is left out of
+    OpenMetrics, which a strict parser otherwise rejects whole; the text format keeps it."""
+    lsn = make_family(
+        "pg_receive_lsn", "counter", "lsn",
+        [((("s", "a"),), math.nan), ((("s", "b"),), -1), ((("s", "c"),), 7), ((("s", "d"),), -0.0)],
+    )  # fmt: skip
+    total = make_family("t_total", "counter", "t", [((), math.nan), ((("k", "v -1"),), 2)])
+    output = encode([lsn, total], Format.OPENMETRICS).decode()
+    parsed = {m.name: m for m in parse_openmetrics(output)}
+    assert [(s.labels, s.value) for s in parsed["pg_receive_lsn"].samples] == [
+        ({"s": "c"}, 7),
+        ({"s": "d"}, 0),
+    ]
+    assert [(s.labels, s.value) for s in parsed["t"].samples] == [({"k": "v -1"}, 2)]
+    text = encode([lsn], Format.TEXT).decode()
+    assert 'pg_receive_lsn{s="a"} NaN\n' in text
+    assert 'pg_receive_lsn{s="b"} -1\n' in text
