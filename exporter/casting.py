@@ -81,6 +81,26 @@ def _by_isinstance(value: object) -> _Conversion:
     return _NOT_A_NUMBER
 
 
+class Escaped(str):
+    """Text that held bytes invalid in UTF-8, shown with those bytes as ``\\xNN``: fit to
+    read and to label, but not the server's own spelling (no connection can name it)."""
+
+    __slots__ = ()
+
+
+def decode_text(data: bytes) -> str:
+    """Bytes PostgreSQL sent as text, as UTF-8 with each invalid byte escaped as ``\\xNN``.
+
+    A SQL_ASCII server stores whatever bytes it was given, so psycopg hands them over
+    undecoded; one rule for every label value, database name and log line keeps them
+    readable and round-trippable by eye (issue 25). An :class:`Escaped` marks a change.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return Escaped(data.decode("utf-8", "backslashreplace"))
+
+
 def label_text(value: object) -> str:
     """A result cell as an (unescaped) label value."""
     if isinstance(value, str):
@@ -92,5 +112,5 @@ def label_text(value: object) -> str:
     if isinstance(value, dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", "replace")
+        return decode_text(bytes(value))
     return str(value)

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from typing import cast
 
 import psycopg
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import TransactionStatus
+from psycopg.pq import Format, TransactionStatus
 
+from exporter.casting import Escaped, decode_text
 from exporter.definitions import Collector, Predicate
 from exporter.errors import PredicateError
 from exporter.planning import ServerFacts
@@ -54,6 +57,8 @@ class Preflight:
 
     facts: ServerFacts
     databases: tuple[str, ...]  # connectable, non-template databases (for discovery)
+    # Databases whose names are not UTF-8 (SQL_ASCII), escaped: libpq cannot name them.
+    unnamed: tuple[str, ...] = ()
 
 
 def conninfo_for(url: str, dbname: str | None, connect_timeout: float) -> str:
@@ -76,12 +81,40 @@ async def connect(
     """Open an autocommit connection within ``connect_timeout`` seconds (D6)."""
     try:
         async with asyncio.timeout(connect_timeout):
-            return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
     except TimeoutError:
         raise psycopg.OperationalError(
             f"connecting to {mask(conninfo)} took longer than {connect_timeout:g}s "
             "(raise --connect-timeout if the server is slow to accept)"
         ) from None
+    if conn.info.parameter_status("client_encoding") == "SQL_ASCII":
+        decode_sql_ascii(conn)
+    return conn
+
+
+class _SqlAsciiText(Loader):
+    """Text from a SQL_ASCII server, for which psycopg returns bytes: decoded by the
+    exporter's one rule (UTF-8, invalid bytes escaped), so no ``b'...'`` reaches a label."""
+
+    def load(self, data: Buffer) -> str:
+        return decode_text(bytes(data))
+
+
+class _SqlAsciiBinaryText(_SqlAsciiText):
+    format = Format.BINARY
+
+
+# The types psycopg reads as text, and type 0: any type it has no loader for.
+_TEXT_TYPES = ("text", "varchar", "bpchar", "name", '"char"')
+
+
+def decode_sql_ascii(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+    """Make this connection (only) return text as str, escaped where not UTF-8 (issue 25)."""
+    adapters = conn.adapters
+    adapters.register_loader(0, _SqlAsciiText)
+    for name in _TEXT_TYPES:
+        adapters.register_loader(name, _SqlAsciiText)
+        adapters.register_loader(name, _SqlAsciiBinaryText)
 
 
 async def preflight(
@@ -103,11 +136,19 @@ async def preflight(
         schemas=frozenset(_strings(schemas)),
         is_main=is_main,
     )
-    return Preflight(facts=facts, databases=tuple(_strings(dbs)))
+    names = _strings(dbs)
+    return Preflight(
+        facts=facts,
+        databases=tuple(n for n in names if not isinstance(n, Escaped)),
+        unnamed=tuple(n for n in names if isinstance(n, Escaped)),
+    )
 
 
 def _strings(value: object) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, list) else []
+    """The items of a text array; an :class:`Escaped` one stays marked as such."""
+    if not isinstance(value, list):
+        return []
+    return [v if isinstance(v, str) else str(v) for v in value]
 
 
 _BOUNCER_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -155,11 +196,16 @@ async def console_batches(
         yield [d.name for d in cur.description or ()], rows
 
 
+#: The largest value of PostgreSQL's millisecond limits (INT_MAX, about 24.8 days). A
+#: longer timeout, which Go allows, is kept by the client-side deadline alone.
+MAX_LIMIT_MS = 2**31 - 1
+
+
 def limits_sql(timeout: float | None, server_version: int) -> str:
     """``BEGIN READ ONLY`` plus SET LOCAL limits derived from a collector's timeout (D1)."""
     parts = ["BEGIN READ ONLY"]
     if timeout is not None:
-        ms = max(1, int(timeout * 1000))
+        ms = max(1, min(int(timeout * 1000), MAX_LIMIT_MS))
         lock_ms = max(1, int(min(timeout / 4, LOCK_TIMEOUT_CAP) * 1000))
         parts.append(f"SET LOCAL statement_timeout = {ms}")
     else:
@@ -171,7 +217,7 @@ def limits_sql(timeout: float | None, server_version: int) -> str:
     if server_version >= 170000 and timeout is not None:
         # A backstop only: when it fires the server ends the whole session, so it must
         # come after the statement limit, which merely cancels the statement.
-        parts.append(f"SET LOCAL transaction_timeout = {2 * ms + 1000}")
+        parts.append(f"SET LOCAL transaction_timeout = {min(2 * ms + 1000, MAX_LIMIT_MS)}")
     return "; ".join(parts)
 
 

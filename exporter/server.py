@@ -112,6 +112,7 @@ class Server:
         self.conn: Conn | None = None
         self.facts: ServerFacts | None = None
         self.databases: tuple[str, ...] = ()
+        self.unnamed: tuple[str, ...] = ()  # databases discovery cannot name (SQL_ASCII)
         self.plan: Plan | None = None
         self.entries: dict[str, Entry] = {}
         # (collector, predicate) -> (answer, when asked, jittered ttl)
@@ -157,6 +158,7 @@ class Server:
             await self.disconnect()
             raise
         self.databases = pre.databases
+        self._note_unnamed(pre.unnamed)
         # Facts are read on every pass and planning is pure and cheap, so any change
         # (an extension created, a schema dropped) is planned for at once.
         if self.plan is None or self.facts != pre.facts:
@@ -168,6 +170,18 @@ class Server:
                 extra={"datname": pre.facts.datname, "version": pre.facts.version},
             )
         self.facts = pre.facts
+
+    def _note_unnamed(self, unnamed: tuple[str, ...]) -> None:
+        """Warn once per change about databases discovery cannot reach: their names are not
+        UTF-8 (a SQL_ASCII server), and libpq takes a database name only as UTF-8 text."""
+        if self.is_main and unnamed and unnamed != self.unnamed:
+            log.warning(
+                "databases whose names are not valid UTF-8 are left out of discovery (a "
+                "connection cannot name them); rename them to scrape them: %s",
+                ", ".join(unnamed),
+                extra={"datname": self.label},
+            )
+        self.unnamed = unnamed
 
     async def disconnect(self) -> None:
         """Close the connection; the next pass opens a new one."""

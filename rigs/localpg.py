@@ -80,8 +80,10 @@ class LocalCluster:
         port: int | None = None,
         settings: Mapping[str, str] = NO_SETTINGS,
         run_as: str | None = None,
+        encoding: str = "UTF8",
     ) -> None:
         self._account = _server_account(run_as)
+        self.encoding = encoding  # initdb -E: SQL_ASCII for clusters that store any bytes
         self.bindir = _reachable_bindir(bindir, self._account)
         self._base = base_dir
         self._owns_base = base_dir is None
@@ -209,7 +211,7 @@ class LocalCluster:
 
     def _initdb(self) -> None:
         args = [str(self.bindir / "initdb"), "-D", str(self.data_dir), "-U", "postgres"]
-        self._run([*args, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+        self._run([*args, "--auth=trust", "-E", self.encoding, "--locale=C", "--no-sync"])
 
     def _start_server(self) -> None:
         """Start with pg_ctl -w, moving to another port if ours was taken meanwhile."""
