@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 
 import exporter
 from exporter import settings as defaults
-from exporter.declared import Declared, load_targets
+from exporter.declared import MAX_SECRET_BYTES, Declared, load_targets
 from exporter.dryrun import render_definitions
 from exporter.errors import ConfigError, InfoRequested, TargetError, UsageError
+from exporter.files import FileRefused, read_regular
 from exporter.flags import BY_LONG, bool_text, scan
 from exporter.logs import FORMATS, LEVELS, configure_logging
 from exporter.settings import ListenAddress, Settings
@@ -127,11 +128,9 @@ def _url(src: _Source) -> tuple[str, str]:
     if not path:
         return defaults.DEFAULT_URL, "the default URL"
     try:
-        with open(path, encoding="utf-8") as file:
-            url = file.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise UsageError(f"cannot read $PG_EXPORTER_URL_FILE {path!r}: {reason}") from exc
+        url = read_regular(path, MAX_SECRET_BYTES).strip()
+    except FileRefused as exc:
+        raise UsageError(f"cannot read $PG_EXPORTER_URL_FILE {path!r}: {exc}") from None
     if not url:
         raise UsageError(f"$PG_EXPORTER_URL_FILE {path!r} is empty; put the target URL in it")
     return url, f"$PG_EXPORTER_URL_FILE {path!r}"

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -24,6 +22,7 @@ from exporter.definitions import (
     Usage,
 )
 from exporter.errors import ConfigError, Problem, excerpt, shorten
+from exporter.files import FileRefused, read_regular
 from exporter.settings import Settings
 from exporter.validation import Notes, const_label_problems, kind_of, read_branch
 
@@ -37,7 +36,7 @@ _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE
 # Bounds on one collector file, so that no file (a wrong path, /dev/zero, a generated
 # or hostile one) costs more than ~100 MB and a few seconds. The whole stock library,
 # as one file, is 0.27 MB, 10 000 values and no alias.
-MAX_FILE_CHARS = 4 * 1024 * 1024  # read no more than this
+MAX_FILE_CHARS = 4 * 1024 * 1024  # bytes: read no more than this
 MAX_VALUES = 100_000  # PyYAML holds ~800 bytes per value while reading
 # Aliases let a few bytes stand for an enormous document (a "billion laughs" file):
 # the text they add is capped. The Go exporter's YAML library refuses excessive
@@ -259,26 +258,22 @@ def _read_file(path: str, index: int) -> ParsedDocument:
     return read_document(text, path, index)
 
 
-def read_text(path: str, notes: Notes, missing_hint: str) -> str | None:
+def read_text(
+    path: str, notes: Notes, missing_hint: str, limit: int = MAX_FILE_CHARS
+) -> str | None:
     """A YAML file's text, or None after noting why it cannot be read: not a regular
     file (a FIFO would block, a device not end), missing, unreadable, or too large."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            notes.error("", "not a regular file")
-            return None
-        with Path(path).open(encoding="utf-8") as file:
-            text = file.read(MAX_FILE_CHARS + 1)  # never the whole of a huge file
-    except FileNotFoundError:
-        notes.error("", f"no such file or directory; {missing_hint}")
+        return read_regular(path, limit)  # never the whole of a huge file, never a FIFO
+    except FileRefused as exc:
+        if exc.missing:
+            notes.error("", f"no such file or directory; {missing_hint}")
+        elif exc.too_large:
+            mib = limit // 1024 // 1024
+            notes.error("", f"more than {mib} MiB of text, the most this file may hold; split it")
+        else:
+            notes.error("", f"cannot read the file: {exc}")
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        notes.error("", f"cannot read the file: {exc}")
-        return None
-    if len(text) > MAX_FILE_CHARS:
-        limit = MAX_FILE_CHARS // 1024 // 1024
-        notes.error("", f"more than {limit} MiB of text, the most a config file may hold; split it")
-        return None
-    return text
 
 
 def parse_yaml(text: str, notes: Notes) -> Any:

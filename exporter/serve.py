@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import signal
 import socket
 import ssl
+import threading
 
 from aiohttp import web
 
@@ -41,6 +43,32 @@ def run(
     targets, serve them as a fleet."""
     _raise_fd_limit()
     return asyncio.run(_serve(settings, definitions, web_config or WebConfig(), declared))
+
+
+#: After SIGINT or SIGTERM the process has ended within this many seconds, whatever
+#: still runs: under systemd's default stop timeout (30 s), after which it would kill.
+#: The graceful part (responses in flight, a bounded collector's query) fits in it.
+STOP_DEADLINE = 25.0
+#: Once the server is closed, what may still run is a thread nothing can interrupt
+#: (a file read on a hung mount, a DNS lookup, a bcrypt check); Python would wait for
+#: it at exit, without limit. It gets this long.
+EXIT_DEADLINE = 3.0
+
+
+def exit_within(seconds: float, code: int) -> threading.Timer:
+    """End the process with ``code`` in ``seconds`` unless it has ended by then."""
+
+    def hard_exit() -> None:
+        log.warning("still stopping after %gs (a blocked thread); exiting now", seconds)
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True  # never what keeps the process alive
+    timer.start()
+    return timer
 
 
 def _raise_fd_limit() -> None:
@@ -95,11 +123,13 @@ async def _serve(
     # systemd restarts the service.
     watchdog = asyncio.create_task(systemd.watchdog_loop(interval)) if interval else None
     await stop.wait()
+    exit_within(STOP_DEADLINE, 0)
     systemd.stopping()
     log.info("shutting down")
     await runner.cleanup()
     if watchdog is not None:
         watchdog.cancel()
+    exit_within(EXIT_DEADLINE, 0)  # what is left is threads that cannot be interrupted
     return 0
 
 

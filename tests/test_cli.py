@@ -8,8 +8,9 @@ import os
 import platform
 import re
 import sys
+import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -790,3 +791,35 @@ def test_main_invalid_web_config_exits_1(
     assert len(reasons) == 1
     assert "web.yml" in reasons[0]
     assert "not-a-bcrypt-hash" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_url_file_that_is_not_a_regular_file_is_refused_at_once(
+    config: str, tmp_path: Path, kind: str
+) -> None:
+    """$PG_EXPORTER_URL_FILE a FIFO (would wait for a writer) or /dev/zero (would never
+    end): a usage error at once (issue 25)."""
+    path = tmp_path / "fifo"
+    if kind == "fifo":
+        os.mkfifo(path)
+    named = str(path) if kind == "fifo" else kind
+    with pytest.raises(UsageError, match=r"it is a (FIFO|character device), not a regular file"):
+        _within_seconds(lambda: parse(config, PG_EXPORTER_URL_FILE=named))
+
+
+def _within_seconds(call: Callable[[], object], seconds: float = 10) -> None:
+    """Run ``call`` in a thread; fail if it has not returned or raised within ``seconds``."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still reading after {seconds}s"
+    if outcome:
+        raise outcome[0]

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from exporter.errors import UsageError
+from exporter.files import FileRefused, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,15 @@ ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
     "Content-Security-Policy": None,
 }
 REALM = "pg_exporter"
+# The web config and each PEM file it names (a CA bundle is ~200 KB): read no more.
+MAX_FILE_BYTES = 4 * 1024 * 1024
 BCRYPT_MAX_PASSWORD = 72  # bcrypt reads only this many bytes; longer inputs are cut, as in Go
+# The highest bcrypt cost accepted. Each step doubles a check: cost 10 takes ~60 ms on
+# one core, 14 ~1.2 s, 31 about a day. A check holds one of the few checking threads
+# (exporter/web/auth.py), so a high cost lets a couple of wrong guesses lock everyone
+# out and keeps the process from stopping; 14 is already slower than a scrape wants.
+BCRYPT_MAX_COST = 14
+_HTPASSWD = "htpasswd -nBC 10 '' | tr -d ':'"
 _BCRYPT_HASH = re.compile(r"\$2[abxy]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
 _TLS_KEYS = ("cert", "key", "client_ca", "cert_file", "key_file", "client_ca_file",
@@ -127,10 +136,9 @@ class _Doc:
     def parse(self) -> Any:
         """The document with every scalar kept as text, as Go's typed parser sees it."""
         try:
-            with open(self.path, encoding="utf-8") as file:
-                return yaml.load(file, Loader=yaml.BaseLoader)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise self.error("", f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+            return yaml.load(read_regular(self.path, MAX_FILE_BYTES), Loader=yaml.BaseLoader)
+        except FileRefused as exc:
+            raise self.error("", f"cannot read: {exc}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = f" (line {mark.line + 1})" if mark is not None else ""
@@ -169,10 +177,9 @@ class _Doc:
             return None
         path, where = os.path.join(self.directory, name), f"tls_server_config.{key}"
         try:
-            with open(path, encoding="utf-8", errors="replace") as file:
-                content = file.read()
-        except OSError as exc:
-            raise self.error(where, f"cannot read {path}: {exc.strerror or exc}") from None
+            content = read_regular(path, MAX_FILE_BYTES)
+        except FileRefused as exc:
+            raise self.error(where, f"cannot read {path}: {exc}") from None
         if kind[0] not in content:
             raise self.error(where, f"{path} holds no PEM {kind[1]}")
         return path
@@ -245,7 +252,14 @@ def _users(doc: _Doc, section: dict[str, Any]) -> Mapping[str, bytes]:
     """basic_auth_users: user → bcrypt hash. Never echo a value: it may be a password."""
     for user, hashed in section.items():
         if not (isinstance(hashed, str) and _BCRYPT_HASH.fullmatch(hashed)):
-            reason = "is not a bcrypt hash (make one with: htpasswd -nBC 10 '' | tr -d ':')"
+            reason = f"is not a bcrypt hash (make one with: {_HTPASSWD})"
+            raise doc.error(f"basic_auth_users.{user}", reason)
+        if int(hashed[4:6]) > BCRYPT_MAX_COST:
+            reason = (
+                f"the bcrypt cost is {int(hashed[4:6])}, above the {BCRYPT_MAX_COST} this "
+                f"exporter accepts: each login would take minutes or more and hold a checking "
+                f"thread; make a hash of cost 10 to {BCRYPT_MAX_COST} ({_HTPASSWD})"
+            )
             raise doc.error(f"basic_auth_users.{user}", reason)
     return MappingProxyType({user: hashed.encode() for user, hashed in section.items()})
 

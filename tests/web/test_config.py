@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import subprocess
 from pathlib import Path
@@ -281,3 +282,30 @@ def test_nothing_is_warned_for_a_plain_file(pem: Path, caplog: pytest.LogCapture
     with caplog.at_level(logging.DEBUG, logger="exporter.web.config"):
         load_web_config(write(pem, TLS + "http_server_config:\n  http2: false\n"))
     assert caplog.records == []
+
+
+def test_a_fifo_as_web_config_or_pem_file_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO would wait for a writer forever: refused as not a regular file (issue 25)."""
+    os.mkfifo(tmp_path / "web.fifo")
+    with pytest.raises(UsageError, match=r"web\.fifo: cannot read: it is a FIFO, not a regular"):
+        load_web_config(str(tmp_path / "web.fifo"))
+    os.mkfifo(tmp_path / "cert.pem")
+    assert "tls_server_config.cert_file: cannot read " in refusal(tmp_path, TLS)
+    assert "it is a FIFO, not a regular file" in refusal(tmp_path, TLS)
+
+
+@pytest.mark.parametrize("cost", [15, 31])
+def test_an_unreasonable_bcrypt_cost_is_refused(tmp_path: Path, cost: int) -> None:
+    """A $2b$31$ hash would take a day a check: refused at load, naming the user (issue 25)."""
+    salt = HASH[7:29]  # any 22 salt characters; the hash need not verify
+    hashed = f"$2b${cost}${salt}{HASH[29:]}"
+    message = refusal(tmp_path, f"basic_auth_users:\n  alice: {hashed}\n")
+    assert f"basic_auth_users.alice: the bcrypt cost is {cost}, above the 14" in message
+    assert hashed not in message
+
+
+def test_bcrypt_cost_14_is_accepted(tmp_path: Path) -> None:
+    """The highest cost accepted (a check takes ~1 s): loaded like any other."""
+    hashed = f"$2b$14${HASH[7:]}"
+    users = load_web_config(write(tmp_path, f"basic_auth_users:\n  alice: {hashed}\n")).users
+    assert users["alice"] == hashed.encode()
