@@ -29,13 +29,15 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from exporter.errors import ConfigError, TargetError, excerpt
+from exporter.files import FileRefused, read_regular
 from exporter.loading import parse_yaml, read_text
 from exporter.settings import MIN_MAX_CONNECTIONS, Settings
+from exporter.target import Target
 from exporter.validation import LABEL_NAME, Notes, kind_of
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_TARGETS = 10_000
-MAX_SECRET_CHARS = 64 * 1024  # a password or URL file holds one line, not megabytes
+MAX_SECRET_BYTES = 64 * 1024  # a password or URL file holds one line, not megabytes
 
 # Where a target's URL and password may come from: exactly one URL source, at most
 # one password source.
@@ -187,7 +189,7 @@ class _Reader:
         try:
             settings = replace(settings, url=url)
         except TargetError as exc:  # the message never quotes the URL
-            notes.error(f"{where}.url", str(exc))
+            notes.error(f"{where}.{_url_field(entry)}", str(exc))
             return None
         return DeclaredTarget(name, settings)
 
@@ -199,7 +201,15 @@ class _Reader:
                 where, f"exactly one of {', '.join(URL_SOURCES)} names the target; {why}"
             )
             return None
-        return self.source(where, given[0], entry[given[0]], "the target URL")
+        url = self.source(where, given[0], entry[given[0]], "the target URL")
+        if url is None:
+            return None
+        try:  # checked as given: a password added from a file later would hide a misread URL
+            Target.parse(url)
+        except TargetError as exc:  # the message never quotes the URL
+            self.notes.error(f"{where}.{given[0]}", str(exc))
+            return None
+        return url
 
     def password(self, where: str, merged: dict[Any, Any]) -> str | None:
         given = [key for key in PASSWORD_SOURCES if merged.get(key) is not None]
@@ -230,14 +240,12 @@ class _Reader:
             return value
         self.secret_files.append(source)
         try:
-            with open(source, encoding="utf-8") as handle:
-                text = handle.read(MAX_SECRET_CHARS + 1)
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or type(exc).__name__
-            self.notes.error(where, f"cannot read {source!r} ({what}): {reason}")
+            text = read_regular(source, MAX_SECRET_BYTES)
+        except FileRefused as exc:
+            self.notes.error(where, f"cannot read {source!r} ({what}): {exc}")
             return None
         value = text.strip("\r\n")
-        if not value or len(text) > MAX_SECRET_CHARS or "\n" in value:
+        if not value or "\n" in value:
             self.notes.error(where, f"{source!r} must hold {what} on one line")
             return None
         return value
@@ -315,6 +323,11 @@ _OPTION_READERS: dict[str, _Read] = {
     "namespace": _Reader.namespace,
 }
 _SETTING_OF = {"labels": "const_labels"}
+
+
+def _url_field(entry: dict[Any, Any]) -> str:
+    """The field the target's URL came from (url, url_env or url_file)."""
+    return next((key for key in URL_SOURCES if entry.get(key) is not None), "url")
 
 
 def _has_password(url: str) -> bool:

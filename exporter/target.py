@@ -68,6 +68,12 @@ class Target:
         except TargetError as exc:
             hint = _URI_HINT if text.startswith(_URI_PREFIXES) else _KEYWORD_HINT
             raise TargetError(f"libpq cannot read the target URL ({exc}); {hint}") from None
+        doubt = _implausible(params) if text.startswith(_URI_PREFIXES) else None
+        if doubt is not None:  # a password libpq took for a host, port or database
+            raise TargetError(
+                f"libpq reads the target URL with {doubt}: the password (or user name) "
+                f"likely holds an unencoded '/' or '@'; {_URI_HINT}"
+            )
         # A URL is masked whole: unlike in free text, its password may hold quotes.
         shown = _mask_url(text) if text.startswith(_URI_PREFIXES) else mask(text)
         if "sslmode" not in params:
@@ -89,6 +95,23 @@ class Target:
     def is_pgbouncer(self) -> bool:
         """True when the target is pgBouncer's admin console."""
         return self.dbname == PGBOUNCER_DATABASE
+
+
+def _implausible(params: dict[str, str]) -> str | None:
+    """What in libpq's reading of a URL no real target has, or None.
+
+    A ``/`` ends the authority for libpq, so ``u:Ab3/Pw@host/db`` is host ``u``, port
+    ``Ab3`` and database ``Pw@host/db``: nothing is a password, so nothing would be
+    masked. A port that is not a number, or an ``@`` in a host or database, is refused.
+    """
+    ports = params.get("port", "").split(",")
+    if not all(port.isascii() and (port.isdigit() or not port) for port in ports):
+        return "a port that is not a number"
+    if "@" in params.get("host", "") or "@" in params.get("hostaddr", ""):
+        return "an '@' in the host"
+    if "@" in params.get("dbname", ""):
+        return "an '@' in the database name"
+    return None
 
 
 def database_of(conninfo: str) -> str:

@@ -3,6 +3,7 @@ message ever quotes a URL, a password or the content of a secret file."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,41 @@ def test_two_passwords_of_a_target_are_refused(tmp_path: Path) -> None:
     message = _problems(path, {"P": "other"})
     assert "targets[0](a): the URL holds a password and password_env or password_file" in message
     assert SECRET not in message
+
+
+def test_a_fifo_or_device_as_secret_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A password or URL file that is a FIFO or /dev/zero: refused at once (issue 25)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    path = _write(
+        tmp_path,
+        f"targets:\n  - name: a\n    url: postgresql://u@h/db\n    password_file: {fifo}\n"
+        "  - name: b\n    url_file: /dev/zero\n",
+    )
+    message = _problems(path)
+    assert "targets[0](a).password_file: cannot read" in message
+    assert "it is a FIFO, not a regular file" in message
+    assert "targets[1](b).url_file: cannot read '/dev/zero' (the target URL): it is a " in message
+
+
+@pytest.mark.parametrize("field", ["url", "url_env", "url_file"])
+def test_a_url_libpq_misreads_is_refused_per_target(tmp_path: Path, field: str) -> None:
+    """An unencoded '/' in a password: refused where it is given, quoting none of it,
+    even when a password file would be added to it (issue 25)."""
+    url = f"postgresql://u:Ab3/{SECRET}@host/db"
+    secret_file = tmp_path / "url"
+    secret_file.write_text(url)
+    password = tmp_path / "password"
+    password.write_text("other")
+    value = {"url": f'"{url}"', "url_env": "URL", "url_file": str(secret_file)}[field]
+    path = _write(
+        tmp_path,
+        f"defaults:\n  password_file: {password}\n"
+        f"targets:\n  - name: a\n    {field}: {value}\n  - name: b\n    url: postgresql:///x\n",
+    )
+    message = _problems(path, {"URL": url})
+    assert f"targets[0](a).{field}: libpq reads the target URL with a port that is not" in message
+    assert "/ as %2F" in message
+    assert "Ab3" not in message
+    assert SECRET not in message
+    assert "targets[1]" not in message

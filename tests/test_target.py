@@ -66,8 +66,6 @@ def test_sslmode_disable_added_only_when_absent(url: str, shown: str) -> None:
         ("host=h password='a b' user=u", "host=h password=xxxxx user=u sslmode=disable"),
         ("host=h password=se\\ cret", "host=h password=xxxxx sslmode=disable"),
         ("host=h sslpassword=secret sslmode=require", "host=h sslpassword=xxxxx sslmode=require"),
-        # libpq ends the password at the first '@': the host is "ss@h", shown as libpq reads it.
-        ("postgresql://u:p@ss@h/db", "user=u password=xxxxx dbname=db host=ss@h sslmode=disable"),
     ],
 )
 def test_secrets_are_masked_where_libpq_reads_them(url: str, shown: str) -> None:
@@ -76,6 +74,47 @@ def test_secrets_are_masked_where_libpq_reads_them(url: str, shown: str) -> None
     assert target.masked == shown
     assert "secret" not in target.masked
     assert "secret" not in repr(target)
+
+
+@pytest.mark.parametrize(
+    ("url", "doubt"),
+    [
+        # libpq ends the authority at the first '/': host u, port Ab3, database Pw@host/db.
+        ("postgresql://u:Ab3/Pw@host/db", "a port that is not a number"),
+        ("postgresql://u:Ab3/Pw@host:5432/postgres?sslmode=disable", "a port that is not a number"),
+        ("postgres://:Ab3/Pw@host/db", "a port that is not a number"),
+        # A password starting with digits makes a plausible port: the '@' gives it away.
+        ("postgresql://u:123/Pw@host/db", "an '@' in the database name"),
+        ("postgresql://u:123/Pw@host", "an '@' in the database name"),
+        # libpq ends the password at the first '@': the host would be "ss@h".
+        ("postgresql://u:p@ss@h/db", "an '@' in the host"),
+    ],
+)
+def test_url_misread_by_libpq_is_refused_quoting_none_of_it(url: str, doubt: str) -> None:
+    """A password with an unencoded '/' or '@' is refused with the encoding advice (issue 25)."""
+    with pytest.raises(TargetError) as caught:
+        Target.parse(url)
+    message = str(caught.value)
+    assert doubt in message
+    assert "/ as %2F" in message
+    assert "@ as %40" in message
+    for part in ("Ab3", "Pw", "ss@h", "123"):
+        assert part not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:Ab3%2FPw@host/db",
+        "postgresql://u:p%40ss@h1:5432,h2:5433/db",
+        "postgresql://u:p@h:/db",
+        "postgresql://h/db?port=5433",
+        "host=h port=5432 dbname=a@b",  # a keyword string is read without ambiguity
+    ],
+)
+def test_plausible_urls_are_accepted(url: str) -> None:
+    """Encoded passwords, host lists and empty ports read as they look: accepted."""
+    assert "Ab3" not in Target.parse(url).masked
 
 
 def test_password_reaches_libpq_unchanged() -> None:
