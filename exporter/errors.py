@@ -125,3 +125,7 @@ class MissingColumnError(CollectorError):
 
 class TooManySeriesError(CollectorError):
     """A collector produced more series than its cap allows (D9)."""
+
+
+class RepeatedLabelsError(CollectorError):
+    """Rows of a GAUGE or COUNTER collector repeat a label set (Go 1.6.1: the run fails)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from exporter.casting import FAST_TYPES, NAN, label_text, to_number
 from exporter.definitions import Collector, Column, Usage
-from exporter.errors import MissingColumnError, TooManySeriesError
+from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError, excerpt
 from exporter.exposition import Family, escape_label_value, format_value, go_float, label_block
 
 
@@ -150,7 +150,6 @@ class SampleBuilder:
         self._seen: set[str] = set()  # label blocks of plain series already emitted
         self._histogram_keys: set[str] = set()
         self._histogram_width = sum(len(h.bounds) + 3 for h in self._histograms)
-        self._duplicates = 0
 
     @staticmethod
     def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[str, int]:
@@ -185,18 +184,20 @@ class SampleBuilder:
         return outputs
 
     def add_rows(self, rows: Iterable[Sequence[object]]) -> None:
-        """Render one batch of rows; raises TooManySeriesError above the cap."""
+        """Render one batch of rows; raises TooManySeriesError above the cap and
+        RepeatedLabelsError when GAUGE or COUNTER rows repeat a label set."""
         batch = rows if isinstance(rows, list) else list(rows)
         if not batch:
             return
         keys = self._label_blocks(batch)
-        plain_rows, plain_keys = self._drop_duplicates(batch, keys) if self._plain else ([], [])
+        if self._plain:
+            self._check_unique(keys)
         new_keys = set(keys) - self._histogram_keys if self._histograms else set()
-        self._count(len(plain_rows) * len(self._plain) + len(new_keys) * self._histogram_width)
+        self._count(len(batch) * len(self._plain) + len(new_keys) * self._histogram_width)
         self._histogram_keys |= new_keys
         for plain in self._plain:
-            values = list(map(itemgetter(plain.index), plain_rows))
-            plain.lines.extend(map(add, plain_keys, plain.render_all(values)))
+            values = list(map(itemgetter(plain.index), batch))
+            plain.lines.extend(map(add, keys, plain.render_all(values)))
         for histogram in self._histograms:
             histogram.observe(keys, map(itemgetter(histogram.index), batch))
 
@@ -208,24 +209,24 @@ class SampleBuilder:
         columns = [_label_column(list(map(g, batch))) for g in self._label_getters]
         return list(map(template.__mod__, zip(*columns, strict=True)))
 
-    def _drop_duplicates(
-        self, batch: list[Sequence[object]], keys: list[str]
-    ) -> tuple[list[Sequence[object]], list[str]]:
-        """Keep the first row of each label tuple across all batches."""
+    def _check_unique(self, keys: list[str]) -> None:
+        """One row per label set, across all batches, when GAUGE or COUNTER series are made.
+
+        Two rows of one label set would make two series of one identity, which Prometheus
+        refuses; keeping either would publish a value chosen by row order. As the Go
+        exporter does since 1.6.1, the whole run fails instead (histograms merge rows).
+        """
         fresh = set(keys)
         if len(fresh) == len(keys) and self._seen.isdisjoint(fresh):
             self._seen |= fresh
-            return batch, keys
-        kept_rows: list[Sequence[object]] = []
-        kept_keys: list[str] = []
-        for row, key in zip(batch, keys, strict=True):
-            if key in self._seen:
-                self._duplicates += 1
-            else:
-                self._seen.add(key)
-                kept_rows.append(row)
-                kept_keys.append(key)
-        return kept_rows, kept_keys
+            return
+        labels = _first_repeat(keys, set(self._seen)).strip() or "(no labels)"
+        raise RepeatedLabelsError(
+            f"collector {self.collector.key}: more than one row has the labels {excerpt(labels)}; "
+            "a GAUGE or COUNTER needs one row per label set, so nothing from this run is "
+            "published. Make the LABEL columns unique (add a LABEL column or aggregate in the "
+            f"query){' in ' + self.collector.source if self.collector.source else ''}"
+        )
 
     def _count(self, added: int) -> None:
         self.series += added
@@ -238,11 +239,6 @@ class SampleBuilder:
 
     def finish(self) -> tuple[Family, ...]:
         """One family per metric family that got series, in column order."""
-        if self._duplicates:
-            self.warnings.append(
-                f"collector {self.collector.key}: {self._duplicates} row(s) repeated the "
-                "labels of an earlier row and were dropped; make the LABEL columns unique"
-            )
         families: list[Family] = []
         for output in self._outputs:
             column = output.column
@@ -252,6 +248,15 @@ class SampleBuilder:
             else:
                 families.extend(output.families(help))
         return tuple(f for f in families if f.series)
+
+
+def _first_repeat(keys: list[str], seen: set[str]) -> str:
+    """The first key already in ``seen`` or earlier in ``keys``."""
+    for key in keys:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no repeated key")  # pragma: no cover - callers checked
 
 
 def _label_template(labels: Sequence[Column], const_labels: Sequence[tuple[str, str]]) -> str:

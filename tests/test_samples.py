@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from exporter.casting import label_text, to_number
 from exporter.definitions import Collector, Column, Usage
-from exporter.errors import MissingColumnError, TooManySeriesError
+from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError
 from exporter.exposition import Family, Format, encode
 from exporter.samples import SampleBuilder
 
@@ -272,21 +272,46 @@ def test_result_column_order_does_not_matter() -> None:
     assert _samples(_render(collector, ["v", "k"], [(5, "a")])) == ['pg_t_v{k="a"} 5']
 
 
-def test_duplicate_label_tuples_keep_first_and_warn_once() -> None:
-    """Repeated label tuples, within and across batches, are dropped after the first; 1 warning."""
+@pytest.mark.parametrize(
+    "batches",
+    [[[("a", 1), ("b", 2), ("a", 3)]], [[("a", 1), ("b", 2)], [("c", 4), ("b", 5)]]],
+    ids=["within a batch", "across batches"],
+)
+def test_repeated_label_sets_fail_a_gauge_collector(
+    batches: list[list[tuple[object, ...]]],
+) -> None:
+    """Rows repeating a label set, within or across batches, fail the run (Go 1.6.1),
+    naming the collector and the labels."""
     collector = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE))
+    builder = SampleBuilder(collector, ["k", "v"], [("env", "x")], None)
+    for batch in batches[:-1]:
+        builder.add_rows(batch)
+    with pytest.raises(RepeatedLabelsError) as caught:
+        builder.add_rows(batches[-1])
+    message = str(caught.value)
+    assert "collector pg_t" in message
+    assert 'k="' in message
+    assert 'env="x"' in message
+    assert "LABEL columns unique" in message
+
+
+def test_rows_without_labels_are_one_label_set() -> None:
+    """A collector without LABEL columns may return one row; a second one fails it."""
+    collector = _collector(Column("v", Usage.COUNTER))
+    builder = SampleBuilder(collector, ["v"], [], None)
+    builder.add_rows([(1,)])
+    with pytest.raises(RepeatedLabelsError, match="no labels"):
+        builder.add_rows([(2,)])
+
+
+def test_histogram_only_collector_merges_repeated_label_sets() -> None:
+    """HISTOGRAM columns alone fold repeated label sets into one distribution."""
+    collector = _collector(Column("k", Usage.LABEL), Column("v", Usage.HISTOGRAM, buckets=(1.0,)))
     builder = SampleBuilder(collector, ["k", "v"], [], None)
-    builder.add_rows([("a", 1), ("b", 2), ("a", 3)])
-    builder.add_rows([("b", 4), ("c", 5)])
-    families = builder.finish()
-    assert _samples(encode(families, Format.TEXT).decode()) == [
-        'pg_t_v{k="a"} 1',
-        'pg_t_v{k="b"} 2',
-        'pg_t_v{k="c"} 5',
-    ]
-    assert builder.series == 3
-    assert len(builder.warnings) == 1
-    assert "2 row(s)" in builder.warnings[0]
+    builder.add_rows([("a", 0.5), ("a", 2.0)])
+    builder.add_rows([("a", 0.1)])
+    text = encode(builder.finish(), Format.TEXT).decode()
+    assert 'pg_t_v_count{k="a"} 3' in _samples(text)
 
 
 def test_batches_equal_one_batch() -> None:
@@ -355,7 +380,7 @@ def test_histogram_without_labels_and_with_default() -> None:
 
 
 def test_histogram_with_gauge_columns() -> None:
-    """Histogram rows aggregate per label tuple while the branch's gauges keep the first row."""
+    """Beside a GAUGE, histograms get one row per label set; a repeated set fails the run."""
     collector = _collector(
         Column("k", Usage.LABEL),
         Column("lat", Usage.HISTOGRAM, buckets=(1.0,)),
@@ -363,7 +388,7 @@ def test_histogram_with_gauge_columns() -> None:
         key="pg_h",
     )
     builder = SampleBuilder(collector, ["k", "lat", "g"], [], None)
-    builder.add_rows([("a", 0.5, 10), ("a", 2, 20)])
+    builder.add_rows([("a", 0.5, 10), ("b", 2, 20)])
     families = builder.finish()
     assert [f.name for f in families] == [
         "pg_h_lat_bucket",
@@ -371,9 +396,11 @@ def test_histogram_with_gauge_columns() -> None:
         "pg_h_lat_sum",
         "pg_h_g",
     ]
-    assert _samples(encode(families, Format.TEXT).decode())[-1] == 'pg_h_g{k="a"} 10'
-    assert builder.series == 5  # 2 buckets + count + sum + 1 gauge
-    assert len(builder.warnings) == 1
+    assert _samples(encode(families, Format.TEXT).decode())[-2] == 'pg_h_g{k="a"} 10'
+    assert builder.series == 10  # 2 tuples x (2 buckets + count + sum + 1 gauge)
+    repeated = SampleBuilder(collector, ["k", "lat", "g"], [], None)
+    with pytest.raises(RepeatedLabelsError):
+        repeated.add_rows([("a", 0.5, 10), ("a", 2, 20)])
 
 
 def test_series_cap_counts_plain_and_histogram_series() -> None:
