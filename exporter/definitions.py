@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 #: Timeout applied when a branch says ``timeout: 0`` or nothing at all.
 DEFAULT_TIMEOUT = 0.1
+#: The most seconds a ttl or timeout may hold: the Go exporter keeps them as Go durations
+#: (int64 nanoseconds, about 292 years) and refuses what overflows one since 1.5.0.
+MAX_SECONDS = (2**63 - 1) / 1e9
 #: Priority base: the k-th file's branches without ``priority`` get ``100 + k``.
 PRIORITY_BASE = 100
 

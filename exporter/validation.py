@@ -17,6 +17,7 @@ from typing import Any, TypeGuard
 
 from exporter.definitions import (
     DEFAULT_TIMEOUT,
+    MAX_SECONDS,
     PRIORITY_BASE,
     Collector,
     Column,
@@ -209,11 +210,15 @@ def _read_scheduling(notes: Notes, key: str, body: dict[Any, Any], index: int) -
 
 
 def _read_seconds(notes: Notes, where: str, value: object) -> float:
-    """A ttl: absent means 0; otherwise a finite number >= 0."""
+    """A ttl: absent means 0; otherwise a finite number >= 0 that a Go duration holds."""
     if value is None:
         return 0.0
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
-        notes.error(where, f"expected a number of seconds >= 0, got {kind_of(value)}")
+    if not _is_number(value) or not 0 <= value <= MAX_SECONDS:
+        notes.error(
+            where,
+            f"expected a number of seconds >= 0 and at most {int(MAX_SECONDS)} (the longest "
+            f"Go duration), got {kind_of(value)}",
+        )
         return 0.0
     return float(value)
 
@@ -231,11 +236,16 @@ def _read_ceiling(notes: Notes, where: str, value: object) -> float | None:
 
 
 def _read_timeout(notes: Notes, where: str, value: object) -> float | None:
-    """Absent or 0 → the default; negative → unbounded (None); positive → seconds."""
+    """Absent or 0 → the default; negative → unbounded (None); positive → seconds; either
+    within what a Go duration holds."""
     if value is None or (_is_number(value) and value == 0):
         return DEFAULT_TIMEOUT
-    if not _is_number(value) or not math.isfinite(value):
-        notes.error(where, f"expected seconds (0 = default 0.1, < 0 = none), got {kind_of(value)}")
+    if not _is_number(value) or not -MAX_SECONDS <= value <= MAX_SECONDS:
+        notes.error(
+            where,
+            f"expected seconds (0 = default 0.1, < 0 = none) between -{int(MAX_SECONDS)} and "
+            f"{int(MAX_SECONDS)} (the longest Go duration), got {kind_of(value)}",
+        )
         return DEFAULT_TIMEOUT
     return None if value < 0 else float(value)
 
