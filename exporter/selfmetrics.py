@@ -23,6 +23,25 @@ from exporter.stat import CollectorRow, collector_rows
 Labels = Sequence[tuple[str, str]]
 Samples = list[tuple[Labels, float]]
 
+#: Go's names (runtime.GOARCH, runtime.GOOS) for what Python calls otherwise.
+_GO_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
+            "i386": "386", "i686": "386", "armv6l": "arm", "armv7l": "arm"}  # fmt: skip
+_GO_OS = {"win32": "windows", "cygwin": "windows"}
+
+
+def _go_build_labels() -> tuple[tuple[str, str], ...]:
+    """The Go exporter's build labels, true for this process: dashboards group by them."""
+    machine = platform.machine()
+    goos = _GO_OS.get(sys.platform, sys.platform.rstrip("0123456789"))  # freebsd14 → freebsd
+    return (
+        ("goversion", f"python{platform.python_version()}"),
+        ("goos", goos),
+        ("goarch", _GO_ARCH.get(machine.lower(), machine.lower())),
+    )
+
+
+GO_BUILD_LABELS = _go_build_labels()
+
 
 class SelfMetrics:
     """Renders self-metric families for one namespace and set of const labels."""
@@ -123,6 +142,7 @@ class SelfMetrics:
             ("pyversion", platform.python_version()),
             ("os", sys.platform),
             ("arch", platform.machine()),
+            *GO_BUILD_LABELS,
         )
         return [
             self._family(

@@ -554,7 +554,8 @@ SELF_METRICS = {
     "pg_version": ("gauge", set()),
     "pg_in_recovery": ("gauge", set()),
     "pg_exporter_build_info": (
-        "gauge", {"version", "revision", "branch", "builddate", "pyversion", "os", "arch"}),
+        "gauge", {"version", "revision", "branch", "builddate", "goversion", "goos", "goarch",
+                  "pyversion", "os", "arch"}),
     "pg_exporter_up": ("gauge", set()),
     "pg_exporter_uptime": ("gauge", set()),
     "pg_exporter_last_scrape_time": ("gauge", set()),
