@@ -161,7 +161,8 @@ def _existing_file(src: _Source, name: str) -> str | None:
 
 
 def _listen(address: str) -> ListenAddress:
-    """``[host]:port``; the host may be empty, a name, IPv4 or bracketed IPv6; port 1-65535."""
+    """``[host]:port``; the host may be empty, a name, IPv4 or bracketed IPv6; port 0-65535
+    (0: the system picks a free port, as with the Go exporter)."""
     host, colon, port = address.rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
     bad_host = (":" in host or "[" in host or "]" in host) and not bracketed
@@ -169,9 +170,10 @@ def _listen(address: str) -> ListenAddress:
         raise UsageError(
             f"--web.listen-address {address!r} is not [host]:port (e.g. :9630, [::1]:9630)"
         )
-    if not 0 < int(port) <= _PORT_MAX:
+    if not 0 <= int(port) <= _PORT_MAX:
         raise UsageError(
-            f"--web.listen-address {address!r} is not [host]:port: the port must be 1-{_PORT_MAX}"
+            f"--web.listen-address {address!r} is not [host]:port: the port must be 0-{_PORT_MAX} "
+            "(0 for any free port)"
         )
     return ListenAddress(host.removeprefix("[").removesuffix("]") or None, int(port))
 

@@ -15,6 +15,7 @@ import signal
 import socket
 import ssl
 import threading
+from typing import Any
 
 from aiohttp import web
 
@@ -23,7 +24,7 @@ from exporter.collection import Exporter
 from exporter.declared import Declared
 from exporter.definitions import Definitions
 from exporter.logs import TARGET
-from exporter.settings import Settings
+from exporter.settings import ListenAddress, Settings
 from exporter.web.app import create_app, create_fleet_app, make_runner
 from exporter.web.config import WebConfig, ssl_context
 from exporter.web.fleet import FLEET
@@ -137,8 +138,10 @@ async def _listen(runner: web.AppRunner, settings: Settings, tls: ssl.SSLContext
     """Start a site per listen address, or per socket systemd passed (socket activation)."""
     if not settings.systemd_socket:
         for address in settings.listen_addresses:
+            before = set(runner.addresses)
             await web.TCPSite(runner, address.host, address.port, ssl_context=tls).start()
-            log.info("listening", extra={"address": str(address)})
+            for bound in _bound(address, set(runner.addresses) - before):
+                log.info("listening", extra={"address": str(bound)})
         return
     sockets = systemd.listen_sockets()
     if not sockets:
@@ -146,6 +149,15 @@ async def _listen(runner: web.AppRunner, settings: Settings, tls: ssl.SSLContext
     for sock in sockets:
         await web.SockSite(runner, sock, ssl_context=tls).start()
         log.info("listening on a socket from systemd", extra={"address": _name(sock)})
+
+
+def _bound(address: ListenAddress, sockets: set[Any]) -> list[ListenAddress]:
+    """The address as given, or with port 0 the ports the system chose (one a socket):
+    a launcher or test reads the port from this line."""
+    if address.port != 0:
+        return [address]
+    ports = sorted({name[1] for name in sockets if isinstance(name, tuple)})
+    return [address._replace(port=port) for port in ports]
 
 
 def _name(sock: socket.socket) -> str:

@@ -32,7 +32,7 @@ class ListenAddress(NamedTuple):
     """One ``--web.listen-address``, as :mod:`exporter.cli` parsed it."""
 
     host: str | None  # None: every interface; an IPv6 address without its brackets
-    port: int  # 1-65535
+    port: int  # 0-65535; 0: a free port the system picks, logged at start
 
     def __str__(self) -> str:
         host = self.host or ""

@@ -274,11 +274,17 @@ def test_listen_address_is_repeatable(config: str) -> None:
     assert [str(a) for a in settings.listen_addresses] == [":1", "[::1]:2"]
 
 
+def test_port_zero_asks_for_a_free_port(config: str) -> None:
+    """Port 0 is accepted, as the Go exporter does: the system picks a free port."""
+    settings = parse(config, "--web.listen-address", "127.0.0.1:0", "--web.listen-address=[::1]:0")
+    assert settings.listen_addresses == (ListenAddress("127.0.0.1", 0), ListenAddress("::1", 0))
+
+
 @pytest.mark.parametrize(
-    "address", ["9630", "host:", ":99999", "::1:80", "h:port", ":0", "[::1]:0", "[]:80", "[::1:80"]
+    "address", ["9630", "host:", ":99999", "::1:80", "h:port", ":65536", "[]:80", "[::1:80"]
 )
 def test_bad_listen_address(config: str, address: str) -> None:
-    """A listen address that is not [host]:port, or whose port is not 1-65535, is refused."""
+    """A listen address that is not [host]:port, or whose port is not 0-65535, is refused."""
     with pytest.raises(UsageError, match="is not \\[host\\]:port"):
         parse(config, "--web.listen-address", address)
 
@@ -598,7 +604,8 @@ def test_main_usage_error_is_one_line_exit_1(
 
 @pytest.mark.parametrize("mode", [[], ["--dry-run"], ["--explain"]])
 @pytest.mark.parametrize(
-    "bad", [["--web.listen-address", ":0"], ["--web.listen-address=[::1]:0"], ["-P", "/version"]]
+    "bad",
+    [["--web.listen-address", ":65536"], ["--web.listen-address=[::1]:x"], ["-P", "/version"]],
 )
 def test_every_mode_refuses_bad_web_settings_alike(
     config: str,
