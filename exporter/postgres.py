@@ -1,9 +1,11 @@
 """The thin I/O layer: one PostgreSQL connection, its preflight facts, and collector SQL.
 
 Everything here awaits the server; decisions (what to run, how to turn rows into
-series) live in pure modules. Each collector runs in its own short READ ONLY
-transaction whose server-side limits match its client-side deadline (D1), so
-whichever fires first leaves the same state.
+series) live in pure modules. Each collector's statement runs read only, under
+server-side limits that match its client-side deadline (D1), so whichever fires
+first leaves the same state: as session settings changed only when a collector's
+differ from the last one's (one round trip per collector, issue 22), or in a
+transaction of its own on servers that do not report their read-only default.
 """
 
 from __future__ import annotations
@@ -201,24 +203,61 @@ async def console_batches(
 MAX_LIMIT_MS = 2**31 - 1
 
 
+#: A limit left to the server's own default (the role's, the database's or the config's).
+SERVER_DEFAULT = None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The server-side limits of one collector (D1): setting name → milliseconds, or
+    SERVER_DEFAULT where the collector sets nothing (an unbounded collector's statement)."""
+
+    settings: tuple[tuple[str, int | None], ...]
+
+    @classmethod
+    def of(cls, timeout: float | None, server_version: int) -> Limits:
+        """Limits derived from a collector's timeout; None: unbounded."""
+        ms = 0 if timeout is None else max(1, min(int(timeout * 1000), MAX_LIMIT_MS))
+        lock = LOCK_TIMEOUT_CAP if timeout is None else min(timeout / 4, LOCK_TIMEOUT_CAP)
+        settings: list[tuple[str, int | None]] = [
+            ("statement_timeout", ms if timeout is not None else SERVER_DEFAULT),
+            ("lock_timeout", max(1, int(lock * 1000))),
+            ("idle_in_transaction_session_timeout", max(1000, ms)),
+        ]
+        if server_version >= 170000:
+            # A backstop only: when it fires the server ends the whole session, so it must
+            # come after the statement limit, which merely cancels the statement.
+            txn = min(2 * ms + 1000, MAX_LIMIT_MS) if timeout is not None else SERVER_DEFAULT
+            settings.append(("transaction_timeout", txn))
+        return cls(tuple(settings))
+
+
 def limits_sql(timeout: float | None, server_version: int) -> str:
     """``BEGIN READ ONLY`` plus SET LOCAL limits derived from a collector's timeout (D1)."""
-    parts = ["BEGIN READ ONLY"]
-    if timeout is not None:
-        ms = max(1, min(int(timeout * 1000), MAX_LIMIT_MS))
-        lock_ms = max(1, int(min(timeout / 4, LOCK_TIMEOUT_CAP) * 1000))
-        parts.append(f"SET LOCAL statement_timeout = {ms}")
+    limits = Limits.of(timeout, server_version).settings
+    sets = [f"SET LOCAL {name} = {ms}" for name, ms in limits if ms is not SERVER_DEFAULT]
+    return "; ".join(["BEGIN READ ONLY", *sets])
+
+
+def session_sql(limits: Limits, previous: Limits | None) -> str:
+    """What brings a session from ``previous`` limits to ``limits`` (issue 22), in one
+    statement list: everything, read-only default first, on a session not yet set up
+    (``previous`` None); otherwise only the settings that differ, "" when none does."""
+    if previous is None:
+        changed = list(limits.settings)
+        head = ["SET default_transaction_read_only = on"]
     else:
-        lock_ms = int(LOCK_TIMEOUT_CAP * 1000)
-        ms = 0
-    parts.append(f"SET LOCAL lock_timeout = {lock_ms}")
-    idle_ms = max(1000, ms)
-    parts.append(f"SET LOCAL idle_in_transaction_session_timeout = {idle_ms}")
-    if server_version >= 170000 and timeout is not None:
-        # A backstop only: when it fires the server ends the whole session, so it must
-        # come after the statement limit, which merely cancels the statement.
-        parts.append(f"SET LOCAL transaction_timeout = {min(2 * ms + 1000, MAX_LIMIT_MS)}")
-    return "; ".join(parts)
+        changed = [item for item in limits.settings if item not in previous.settings]
+        head = []
+    sets = [f"RESET {n}" if ms is SERVER_DEFAULT else f"SET {n} = {ms}" for n, ms in changed]
+    return "; ".join(head + sets)
+
+
+def session_read_only(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool | None:
+    """The session's read-only default as the server last reported it (PostgreSQL 14+
+    reports every change, whoever made it); None when the server does not report it."""
+    value = conn.info.parameter_status("default_transaction_read_only")
+    return None if value is None else value == "on"
 
 
 async def run_predicate(cur: psycopg.AsyncCursor[tuple[object, ...]], predicate: Predicate) -> bool:
@@ -269,8 +308,15 @@ async def stream_batches(
 async def begin(
     cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector, server_version: int
 ) -> None:
-    """Open the collector's read-only transaction with its limits in one round trip."""
+    """Open the collector's read-only transaction with its limits in one round trip
+    (servers that do not report their read-only default: before PostgreSQL 14)."""
     await cur.execute(limits_sql(collector.timeout, server_version))
+
+
+async def set_session(cur: psycopg.AsyncCursor[tuple[object, ...]], sql: str) -> None:
+    """Apply session limits in one round trip; the statements run as one implicit
+    transaction, so a cancelled or failed list changes nothing."""
+    await cur.execute(sql, prepare=False)
 
 
 async def settle(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:

@@ -110,6 +110,8 @@ class Server:
         self.clock = clock
         self.random = random  # back-off and predicate jitter (D15, D17)
         self.conn: Conn | None = None
+        # The collector limits in force on that connection's session (issue 22).
+        self.session: tuple[Conn, postgres.Limits] | None = None
         self.facts: ServerFacts | None = None
         self.databases: tuple[str, ...] = ()
         self.unnamed: tuple[str, ...] = ()  # databases discovery cannot name (SQL_ASCII)
@@ -432,7 +434,7 @@ class Server:
             if self.options.pgbouncer:  # the console has no transactions or SET (D4)
                 rows = postgres.console_batches(cur, collector.query)
             else:
-                await postgres.begin(cur, collector, self.facts.version)
+                await self._limit(conn, cur, collector)
                 rows = postgres.stream_batches(cur, collector.query)
             for predicate in collector.predicates:
                 if not await self._predicate(cur, collector, predicate):
@@ -445,6 +447,29 @@ class Server:
                         builder = SampleBuilder(collector, names, self.options.const_labels, cap)
                     builder.add_rows(batch)
             return builder
+
+    async def _limit(
+        self, conn: Conn, cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector
+    ) -> None:
+        """Put the collector's limits in force (D1): as session settings, sent only where
+        they differ from the last collector's, so that most collectors cost one round trip
+        (issue 22); where the server does not report its read-only default (before 14),
+        in a read-only transaction of the collector's own, as before."""
+        assert self.facts is not None
+        read_only = postgres.session_read_only(conn)
+        if read_only is None:
+            await postgres.begin(cur, collector, self.facts.version)
+            return
+        limits = postgres.Limits.of(collector.timeout, self.facts.version)
+        held = self.session
+        # All again on a connection not yet set up, or whose read-only default a
+        # collector's SQL turned off (the server reports that change at once).
+        same = held is not None and held[0] is conn and read_only
+        sql = postgres.session_sql(limits, held[1] if held is not None and same else None)
+        if sql:
+            self.session = None  # unknown until the server has applied the whole list
+            await postgres.set_session(cur, sql)
+        self.session = (conn, limits)
 
     async def _predicate(
         self, cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector, p: Predicate

@@ -1,0 +1,130 @@
+"""One round trip per collector in steady state, with D1–D3 still enforced by the server
+(issue 22): counted in the statement log of real PostgreSQL servers."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from exporter.cache import Outcome
+from exporter.web.state import STATE
+from rigs.localpg import LocalCluster
+from tests.integration.helpers import value
+from tests.integration.rawhttp import Served, Start, get
+
+#: What the exporter's backend logged: one line per simple query or per execute.
+_LOGGED = re.compile(r"app=pg_exporter: LOG:  (?:statement|execute [^:]*): (.*)")
+
+
+def _limits(key: str, timeout: float) -> str:
+    """A collector that reports the limits it runs under, as labels."""
+    return f"""
+{key}:
+  query: >-
+    SELECT current_setting('transaction_read_only') AS read_only,
+           current_setting('statement_timeout') AS statement_timeout,
+           current_setting('lock_timeout') AS lock_timeout, 1 AS v
+  timeout: {timeout}
+  metrics:
+    - read_only: {{usage: LABEL, description: x}}
+    - statement_timeout: {{usage: LABEL, description: x}}
+    - lock_timeout: {{usage: LABEL, description: x}}
+    - v: {{usage: GAUGE, description: x}}
+"""
+
+
+def _marked(key: str, timeout: float = 1) -> str:
+    """A trivial collector whose SQL names it, so its statements can be told apart."""
+    return f"""
+{key}:
+  query: SELECT 1 AS v /* {key} */
+  timeout: {timeout}
+  metrics:
+    - v: {{usage: GAUGE, description: x}}
+"""
+
+
+def _statements_of_one_pass(cluster: LocalCluster, log_before: int) -> list[str]:
+    """The statements the exporter sent since ``log_before`` characters of the log."""
+    text = cluster.log_text()[log_before:]
+    return [m.group(1) for m in map(_LOGGED.search, text.splitlines()) if m]
+
+
+async def _steady_pass(cluster: LocalCluster, served: Served) -> list[str]:
+    """Statements of the second uncached pass (the first one sets the session up)."""
+    assert (await get(served.port)).status == 200
+    before = len(cluster.log_text())
+    assert (await get(served.port)).status == 200
+    return _statements_of_one_pass(cluster, before)
+
+
+async def test_each_collector_costs_one_round_trip_in_steady_state(
+    pg: LocalCluster, start: Start
+) -> None:
+    """With equal timeouts, an uncached pass sends the preflight and one statement per
+    collector: no BEGIN, SET or COMMIT around each (issue 22)."""
+    keys = ("rt_alpha", "rt_beta", "rt_gamma")
+    served = await start(pg, "".join(_marked(k) for k in keys), disable_cache=True)
+    statements = await _steady_pass(pg, served)
+    per_collector = {k: sum(f"/* {k} */" in s for s in statements) for k in keys}
+    assert per_collector == dict.fromkeys(keys, 1), statements
+    assert len(statements) == len(keys) + 1, statements  # + the preflight
+
+
+async def test_limits_change_only_when_the_next_collector_differs(
+    pg: LocalCluster, start: Start
+) -> None:
+    """Collectors of different timeouts, one after another, each see their own limits, read
+    only; the pass sends one SET list where the timeout changes, none where it does not."""
+    config = _limits("lim_short", 0.2) + _marked("rt_same", 0.2) + _limits("lim_long", 2)
+    served = await start(pg, config, disable_cache=True)
+    statements = await _steady_pass(pg, served)
+    body = (await get(served.port)).text
+    assert value(body, "lim_short_v", read_only="on", statement_timeout="200ms",
+                 lock_timeout="50ms") == 1, body  # fmt: skip
+    assert value(body, "lim_long_v", read_only="on", statement_timeout="2s",
+                 lock_timeout="500ms") == 1, body  # fmt: skip
+    sets = [s for s in statements if s.startswith(("SET", "RESET"))]
+    # Into lim_long's limits, and back to lim_short's at the start of the next pass.
+    assert len(sets) == 2, statements
+    assert not any(s.startswith(("BEGIN", "COMMIT")) for s in statements), statements
+
+
+async def test_a_collector_turning_read_only_off_does_not_unlock_the_next(
+    pg: LocalCluster, start: Start
+) -> None:
+    """A collector whose SQL turns the session's read-only default off leaves the next
+    collector read only all the same: the server reports the change, and the exporter sets
+    the session up again (D2)."""
+    table = f"rt_target_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE TABLE {table} (x int)")
+    config = f"""
+rt_unlock:
+  query: SELECT set_config('default_transaction_read_only', 'off', false) AS s, 1 AS v
+  metrics:
+    - s: {{usage: LABEL, description: x}}
+    - v: {{usage: GAUGE, description: x}}
+rt_write:
+  query: WITH w AS (INSERT INTO {table} VALUES (1) RETURNING x) SELECT x AS v FROM w
+  metrics:
+    - v: {{usage: GAUGE, description: x}}
+"""
+    served = await start(pg, config, disable_cache=True)
+    assert (await get(served.port)).status == 200
+    entry = served.app[STATE].exporter.main.entries["rt_write"]
+    assert entry.outcome is Outcome.ERROR
+    assert "read-only transaction" in entry.error
+    assert pg.psql(f"SELECT count(*) FROM {table}") == "0"
+
+
+async def test_servers_that_do_not_report_read_only_keep_a_transaction_per_collector(
+    pg13: LocalCluster, start: Start
+) -> None:
+    """PostgreSQL 13 does not report its read-only default, so each collector keeps its
+    own read-only transaction with SET LOCAL limits there (D1)."""
+    served = await start(pg13, _limits("lim_old", 2), disable_cache=True)
+    statements = await _steady_pass(pg13, served)
+    body = (await get(served.port)).text
+    assert value(body, "lim_old_v", read_only="on", statement_timeout="2s",
+                 lock_timeout="500ms") == 1, body  # fmt: skip
+    assert sum(s.startswith("BEGIN READ ONLY") for s in statements) == 1, statements
