@@ -250,7 +250,10 @@ def _one(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
     try:
         result = trial(bench, key, flavour, rnd)
     except (ExporterFailed, OSError) as exc:
-        _progress(f"round {rnd} {flavour} {key}: FAILED {exc}")
+        log = bench.workdir / f"{key}-{flavour}-{rnd}.log"
+        tail = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
+        _progress(f"round {rnd} {flavour} {key}: FAILED {exc}; its log ends with:")
+        _progress("\n".join(f"    {line}" for line in tail))
         return Pass(key, flavour, rnd, 0, 0, 0, 0, 0, 0, error=str(exc))
     _progress(
         f"round {rnd} {flavour} {key}: cpu {result.cpu_ms:.1f} ms, wall {result.wall_ms:.1f} ms,"
