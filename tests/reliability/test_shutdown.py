@@ -17,6 +17,7 @@ What bounds the exit (see the README's "Reliability" section):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -204,3 +205,99 @@ def test_sigterm_during_unbounded_collector_cancels_it(cluster: LocalCluster) ->
     assert out.code == 0, out.stderr
     assert "Traceback" not in out.stderr
     assert out.exit_seconds < 10.0 + 5.0, "at the latest when the scrape's budget ends"
+
+
+def fleet_with_password_file(directory: Path) -> tuple[Path, Path, Path]:
+    """(collector file, targets file, password file): one target, never connected to."""
+    config = collector_file(directory, "mfleet", 0.0, 1.0)
+    password = directory / "password"
+    password.write_text("Zq9-secret\n")
+    targets = directory / "targets.yml"
+    targets.write_text(
+        f"targets:\n  - name: a\n    url: postgresql://u@127.0.0.1:{free_port()}/db\n"
+        f"    password_file: {password}\n"
+    )
+    return config, targets, password
+
+
+def reload_in_thread(process: Process, statuses: list[int]) -> threading.Thread:
+    """GET /reload from a thread of its own (it may never answer)."""
+    thread = threading.Thread(
+        target=lambda: statuses.append(http_get(process.url("/reload"), limit=120)), daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def test_reload_of_a_fifo_password_file_answers_and_a_later_one_succeeds(tmp_path: Path) -> None:
+    """A password file replaced by a FIFO: /reload answers (refused), and once the file
+    is a file again the next reload applies it (issue 25: both never answered)."""
+    config, targets, password = fleet_with_password_file(tmp_path)
+    process = start_exporter("postgresql:///x", config, "--targets.file", str(targets))
+    try:
+        password.unlink()
+        os.mkfifo(password)
+        statuses: list[int] = []
+        reload_in_thread(process, statuses).join(timeout=10)
+        assert statuses, "/reload did not answer within 10 s"
+        assert statuses[0] == 500
+        password.unlink()
+        password.write_text("Zq9-rotated\n")
+        reload_in_thread(process, statuses).join(timeout=10)
+        assert statuses[1:] == [200]
+    finally:
+        process.stop()
+    stderr = process.popen.stderr.read().decode() if process.popen.stderr else ""
+    assert "it is a FIFO, not a regular file" in stderr
+    assert "Zq9" not in stderr
+
+
+def test_sigterm_with_a_reload_of_a_fifo_in_flight_exits_within_10s(tmp_path: Path) -> None:
+    """SIGTERM while a reload reads a FIFO: the process is gone within 10 s (issue 25:
+    still there after 35 s, beyond systemd's 30 s stop timeout)."""
+    config, targets, password = fleet_with_password_file(tmp_path)
+    process = start_exporter("postgresql:///x", config, "--targets.file", str(targets))
+    try:
+        password.unlink()
+        os.mkfifo(password)
+        reload_in_thread(process, []).join(timeout=2)  # answered, or in flight
+        sent = time.monotonic()
+        process.popen.send_signal(signal.SIGTERM)
+        try:
+            code = process.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        seconds = time.monotonic() - sent
+    finally:
+        process.stop()
+    print(f"exit {seconds:.2f}s after SIGTERM, code {code}")
+    assert code == 0, "still running 10 s after SIGTERM"
+
+
+def test_a_thread_that_cannot_be_interrupted_does_not_keep_the_process(tmp_path: Path) -> None:
+    """The last resort after SIGTERM: a thread blocked in a read (here a FIFO opened the
+    blocking way) would keep Python from exiting; exit_within ends the process anyway."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code = (
+        "import threading, sys\n"
+        "from exporter.serve import exit_within\n"
+        f"threading.Thread(target=open, args=({str(fifo)!r},)).start()\n"
+        "exit_within(1.0, 0)\n"
+    )
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        with contextlib.suppress(OSError):  # unblock a process left behind by a failure
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert seconds < 10
