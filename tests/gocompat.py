@@ -2,7 +2,9 @@
 
 ``tests/data/go-pg_exporter-1.4.1-metrics.tsv`` lists every metric of the Go
 exporter's shipped config: one row per metric per branch, with the branch's
-version range and tags. A row *applies* to a server when its branch would be
+version range and tags; ``go-pg_exporter-1.6-changes.tsv`` beside it holds the
+rows that changed up to Go 1.6.1, the release we match, and replaces the 1.4.1
+row of the same branch and metric. A row *applies* to a server when its branch would be
 planned there; for every applicable row our library, planned on the same
 server, must produce that name with that type and at least those labels.
 Pure functions: the caller brings the facts.
@@ -19,6 +21,7 @@ from exporter.definitions import Collector, Definitions
 from exporter.planning import ServerFacts, make_plan, skip_reason
 
 FACTS_FILE = Path(__file__).parent / "data" / "go-pg_exporter-1.4.1-metrics.tsv"
+CHANGES_FILE = Path(__file__).parent / "data" / "go-pg_exporter-1.6-changes.tsv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +60,18 @@ def _version(text: str) -> int:
     return int(text) if text else 0
 
 
-def load_rows(path: Path = FACTS_FILE) -> list[Row]:
-    """Every row of the facts file (comment lines skipped)."""
+def load_rows(path: Path = FACTS_FILE, changes: Path | None = CHANGES_FILE) -> list[Row]:
+    """Every row of the facts file, with the rows of the changes file in place of theirs."""
+    rows = read_rows(path)
+    if changes is None:
+        return rows
+    newer = {(r.branch, r.metric): r for r in read_rows(changes)}
+    kept = [newer.pop((r.branch, r.metric), r) for r in rows]
+    return kept + list(newer.values())
+
+
+def read_rows(path: Path) -> list[Row]:
+    """Every row of one facts file (comment lines skipped)."""
     with path.open(newline="") as handle:
         lines = [line for line in handle if not line.startswith("#")]
     rows = []

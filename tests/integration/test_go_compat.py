@@ -1,7 +1,8 @@
 """The default library speaks the Go exporter's dialect on real servers (issue 11).
 
-For every row of the Go exporter's metric facts whose branch applies to a real
-server (PostgreSQL 18 and 15, primary and replica, as a pg_monitor role; pgBouncer),
+For every row of the Go exporter's metric facts (1.4.1 with the changes up to
+1.6.1) whose branch applies to a real server (PostgreSQL 13 to 18, primary and
+replica, as a pg_monitor role; pgBouncer),
 our library planned on that server must produce the metric with that type and at
 least those labels; and what a real scrape shows of those metrics must agree.
 """
@@ -21,8 +22,17 @@ from exporter.planning import ServerFacts
 from exporter.web.app import create_app
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
-from rigs.localpg import LocalCluster
-from tests.gocompat import Row, applicable, coverage, gaps, load_rows, offers
+from rigs.localpg import MAJORS, LocalCluster
+from tests.gocompat import (
+    CHANGES_FILE,
+    Row,
+    applicable,
+    coverage,
+    gaps,
+    load_rows,
+    offers,
+    read_rows,
+)
 from tests.integration.helpers import COLLECTORS, samples, settings_for, wait_for
 from tests.integration.test_library_coverage import DB, MONITOR, _definitions, _prepare
 
@@ -76,11 +86,12 @@ def _check(what: str, facts: ServerFacts, body: str, definitions: Definitions) -
 
 
 @pytest.mark.parametrize("role", ["primary", "replica"])
-@pytest.mark.parametrize("version", ["pg18", "pg15"])
+@pytest.mark.parametrize("major", sorted(MAJORS, reverse=True))
 async def test_go_metrics_exist_on_postgres(
-    aiohttp_client: AiohttpClient, request: pytest.FixtureRequest, version: str, role: str
+    aiohttp_client: AiohttpClient, request: pytest.FixtureRequest, major: int, role: str
 ) -> None:
-    """Every applicable Go row, on 18 and 15, primary and replica, as pg_monitor."""
+    """Every applicable Go row, on 13 to 18, primary and replica, as pg_monitor."""
+    version = f"pg{major}"
     primary: LocalCluster = request.getfixturevalue(version)
     _prepare(primary)
     target = primary
@@ -104,11 +115,11 @@ async def test_go_metrics_exist_on_pgbouncer(
     _check(f"pgBouncer {facts.version}", facts, body, definitions)
 
 
-@pytest.mark.parametrize("version", [130000, 140000, 160000, 170000])
+@pytest.mark.parametrize("version", [130000, 140000, 150000, 160000, 170000, 180000])
 @pytest.mark.parametrize("in_recovery", [False, True])
-def test_go_metrics_planned_for_versions_we_cannot_run(version: int, in_recovery: bool) -> None:
-    """13, 14, 16 and 17 have no server on this machine: planning on their facts must
-    still cover every applicable Go row (their SQL is not executed here)."""
+def test_go_metrics_planned_at_version_bounds(version: int, in_recovery: bool) -> None:
+    """Planning alone on each major's first release (x.0; the servers above run the latest
+    minor) covers every applicable Go row."""
     facts = ServerFacts(version, in_recovery, "postgres", MONITOR,
                         extensions=frozenset({"pg_stat_statements"}))  # fmt: skip
     rows = applicable(load_rows(), facts)
@@ -129,3 +140,16 @@ def test_the_facts_file_is_whole() -> None:
     assert len(rows) > 900
     assert {r.family for r in rows} >= {"pg_db", "pg_table", "pgbouncer_pool", "pg_repl"}
     assert COLLECTORS.is_dir()
+
+
+def test_the_go_1_6_changes_replace_their_rows() -> None:
+    """Each row of the 1.6 changes file takes the place of its 1.4.1 row: every pg_sub_*
+    metric carries the owning database's label, and no row appears twice."""
+    changes = read_rows(CHANGES_FILE)
+    assert len(changes) >= 40
+    rows = load_rows()
+    assert len(rows) == len(load_rows(changes=None))
+    assert len({(r.branch, r.metric) for r in rows}) == len(rows)
+    subs = [r for r in rows if r.family == "pg_sub"]
+    assert subs
+    assert all(r.labels == {"datname", "subname"} for r in subs)
