@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 
 import exporter
 from exporter import settings as defaults
 from exporter.declared import MAX_SECRET_BYTES, Declared, load_targets
+from exporter.definitions import MAX_SECONDS
 from exporter.dryrun import render_definitions
-from exporter.errors import ConfigError, InfoRequested, TargetError, UsageError
+from exporter.errors import ConfigError, InfoRequested, TargetError, UsageError, excerpt
 from exporter.files import FileRefused, read_regular
 from exporter.flags import BY_LONG, bool_text, scan
 from exporter.logs import FORMATS, LEVELS, configure_logging
@@ -234,30 +236,36 @@ def _namespace(src: _Source) -> str | None:
     return found[0]
 
 
-def _integer(src: _Source, name: str, default: int) -> int:
+def _at_least(src: _Source, name: str, default: int, minimum: int, requirement: str) -> int:
+    """A whole number from ``minimum`` to MAX_WHOLE; the error says ``requirement`` and
+    the range, quoting at most an excerpt of what was given."""
     found = src.lookup(name)
     if found is None:
         return default
-    try:
-        return int(found[0].strip())
-    except ValueError:
-        raise UsageError(f"{found[1]} must be a whole number, not {found[0]!r}") from None
+    text, origin = found
+    digits = text.strip()
+    if not _WHOLE.fullmatch(digits):
+        raise UsageError(f"{origin} must be a whole number, not {excerpt(text)}")
+    # The length first: int() of thousands of digits is refused, and slow (CVE-2020-10735).
+    value = int(digits) if len(digits) <= _WHOLE_DIGITS else None
+    if value is None or not minimum <= value <= defaults.MAX_WHOLE:
+        raise UsageError(
+            f"{origin} must be {requirement} (a whole number from {minimum} to "
+            f"{defaults.MAX_WHOLE}), not {excerpt(text)}"
+        )
+    return value
 
 
 def _connect_timeout(src: _Source) -> float:
     """Milliseconds on the command line, seconds in Settings; ≤ 0 falls back to 100 ms."""
-    millis = _integer(src, "connect-timeout", defaults.DEFAULT_CONNECT_TIMEOUT_MS)
+    millis = _at_least(
+        src,
+        "connect-timeout",
+        defaults.DEFAULT_CONNECT_TIMEOUT_MS,
+        -defaults.MAX_WHOLE,
+        f"milliseconds (0 or less: {defaults.DEFAULT_CONNECT_TIMEOUT_MS})",
+    )
     return (millis if millis > 0 else defaults.DEFAULT_CONNECT_TIMEOUT_MS) / 1000
-
-
-def _at_least(src: _Source, name: str, default: int, minimum: int, requirement: str) -> int:
-    """A whole-number setting of at least ``minimum``; the error says ``requirement``."""
-    value = _integer(src, name, default)
-    if value < minimum:
-        found = src.lookup(name)
-        origin = found[1] if found else f"--{name}"
-        raise UsageError(f"{origin} must be {requirement}, not {value}")
-    return value
 
 
 def _max_series(src: _Source) -> int:
@@ -292,8 +300,11 @@ def _backoff_ceiling(src: _Source) -> float:
         seconds = float(found[0].strip())
     except ValueError:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise UsageError(f"{found[1]} must be a number of seconds >= 0, not {found[0]!r}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
+        raise UsageError(
+            f"{found[1]} must be a number of seconds >= 0 and at most {MAX_SECONDS:.0f} "
+            f"(the longest Go duration), not {excerpt(found[0])}"
+        )
     return seconds
 
 
@@ -305,6 +316,9 @@ def _choice(src: _Source, name: str, allowed: tuple[str, ...], default: str) -> 
         raise UsageError(f"{found[1]} must be one of {', '.join(allowed)}, not {found[0]!r}")
     return found[0].lower()
 
+
+_WHOLE = re.compile(r"[-+]?[0-9]+")
+_WHOLE_DIGITS = 20  # more digits than any value in range: refused without int()
 
 #: libpq reads these behind the URL's back (a service file can name another server).
 LIBPQ_OVERRIDES = ("PGSERVICE", "PGSERVICEFILE", "PGSYSCONFDIR", "PGLOCALEDIR", "PGREALM")

@@ -31,7 +31,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from exporter.errors import ConfigError, TargetError, excerpt
 from exporter.files import FileRefused, read_regular
 from exporter.loading import parse_yaml, read_text
-from exporter.settings import MIN_MAX_CONNECTIONS, Settings
+from exporter.settings import MAX_WHOLE, MIN_MAX_CONNECTIONS, Settings
 from exporter.target import Target
 from exporter.validation import LABEL_NAME, Notes, kind_of
 
@@ -297,9 +297,13 @@ class _Reader:
         return value
 
     def count(self, where: str, value: object, minimum: int) -> int | None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not minimum <= value <= MAX_WHOLE
+        ):
             self.notes.error(
-                where, f"must be a whole number of at least {minimum}, got {excerpt(value)}"
+                where, f"must be a whole number from {minimum} to {MAX_WHOLE}, got {excerpt(value)}"
             )
             return None
         return value

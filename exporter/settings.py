@@ -25,6 +25,9 @@ MIN_MAX_CONNECTIONS = 2  # the health probe's and one database's
 DEFAULT_PARALLEL_DATABASES = 2  # discovered databases walked at once, within the budget
 DEFAULT_MAX_TOTAL_SERIES = 500_000  # over every collector and database; 0: no limit
 DEFAULT_MAX_CONCURRENT_TARGETS = 8  # fleet mode: targets collected at once
+# The largest whole number a flag, variable or targets-file field takes: libpq and
+# Go's flag parsing both hold 32-bit ints; past this a value is a typo, not a setting.
+MAX_WHOLE = 2**31 - 1
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
 

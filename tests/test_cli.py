@@ -396,6 +396,53 @@ def test_bad_values(config: str, argv: list[str], message: str) -> None:
         parse(config, *argv)
 
 
+NINES = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("flag", "minimum"),
+    [
+        ("--connect-timeout", "-2147483647"),
+        ("--max-series", "1"),
+        ("--max-connections", "2"),
+        ("--parallel-databases", "1"),
+        ("--max-total-series", "0"),
+        ("--targets.max-concurrent", "1"),
+    ],
+)
+@pytest.mark.parametrize("value", [NINES, f"-{NINES}", "2147483648", "9" * 5000])
+def test_numbers_that_do_not_fit_are_refused_with_flag_and_range(
+    config: str, flag: str, minimum: str, value: str
+) -> None:
+    """400 digits once gave an OverflowError traceback (issue 25): now a usage error naming
+    the flag and its range, quoting an excerpt of the value only."""
+    with pytest.raises(UsageError) as caught:
+        parse(config, flag, value)
+    message = str(caught.value)
+    assert message.startswith(f"{flag} must be ")
+    assert f"(a whole number from {minimum} to 2147483647)" in message
+    assert len(message) < 400
+
+
+def test_connect_timeout_of_400_digits_is_one_line_and_exit_1(
+    config: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's reproduction through main: one line on stderr, no traceback (issue 25)."""
+    assert main(["-c", config, "--dry-run", "--connect-timeout", NINES]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("pg_exporter: --connect-timeout must be milliseconds")
+
+
+@pytest.mark.parametrize("value", ["1e300", NINES, "nan", "-inf"])
+def test_backoff_ceiling_that_does_not_fit_is_refused(config: str, value: str) -> None:
+    """Seconds beyond the longest Go duration, or not finite: refused with the range."""
+    with pytest.raises(
+        UsageError, match=r"at most 9223372037 \(the longest Go duration\)"
+    ) as caught:
+        parse(config, "--backoff-ceiling", value)
+    assert len(str(caught.value)) < 400
+
+
 def test_bad_environment_value_names_the_variable(config: str) -> None:
     """An error from the environment names the variable, not a flag the user never typed."""
     with pytest.raises(UsageError, match=r"\$PG_EXPORTER_CONNECT_TIMEOUT must be a whole"):
