@@ -33,7 +33,7 @@ from exporter.files import FileRefused, read_regular
 from exporter.loading import parse_yaml, read_text
 from exporter.settings import MAX_WHOLE, MIN_MAX_CONNECTIONS, Settings
 from exporter.target import Target
-from exporter.validation import LABEL_NAME, Notes, kind_of
+from exporter.validation import LABEL_NAME, Notes, kind_name
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_TARGETS = 10_000
@@ -112,15 +112,21 @@ class _Reader:
     def document(self, data: object) -> list[DeclaredTarget]:
         notes = self.notes
         if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
-            got = kind_of(data.get("targets") if isinstance(data, dict) else data)
-            notes.error("targets", f"the file needs a list of targets under 'targets', got {got}")
+            got = kind_name(data.get("targets") if isinstance(data, dict) else data)
+            notes.error(
+                "targets",
+                f"the file needs a list of targets under 'targets', got {got}; check "
+                "--targets.file or PG_EXPORTER_TARGETS_FILE (the format: docs/fleet.md)",
+            )
             return []
         for key in data:
             if key not in TOP_LEVEL:
                 notes.error(str(key), f"unknown top-level key{_suggest(key, TOP_LEVEL)}")
         defaults = data.get("defaults") or {}
         if not isinstance(defaults, dict):
-            notes.error("defaults", f"must be a mapping of target options, got {kind_of(defaults)}")
+            notes.error(
+                "defaults", f"must be a mapping of target options, got {kind_name(defaults)}"
+            )
             defaults = {}
         for key in defaults:
             if key not in OPTIONS:
@@ -153,7 +159,7 @@ class _Reader:
         where = f"targets[{index}]"
         if not isinstance(entry, dict):
             notes.error(
-                where, f"a target must be a mapping with name and url, got {kind_of(entry)}"
+                where, f"a target must be a mapping with name and url, got {kind_name(entry)}"
             )
             return None
         name = entry.get("name")
@@ -224,7 +230,9 @@ class _Reader:
         """``what`` given by field ``key``: the text itself (``url``), or read from the
         environment variable or file it names; None after noting a problem."""
         if not isinstance(value, str) or not value.strip():
-            self.notes.error(f"{where}.{key}", f"must be a non-empty string, got {kind_of(value)}")
+            self.notes.error(
+                f"{where}.{key}", f"must be a non-empty string, got {kind_name(value)}"
+            )
             return None
         return value if key == "url" else self.secret(f"{where}.{key}", key, value, what)
 
@@ -266,7 +274,7 @@ class _Reader:
     def labels(self, where: str, value: object) -> tuple[tuple[str, str], ...] | None:
         if not isinstance(value, dict):
             self.notes.error(
-                where, f"must be a mapping of label names to values, got {kind_of(value)}"
+                where, f"must be a mapping of label names to values, got {kind_name(value)}"
             )
             return None
         pairs = dict(self.base.const_labels)  # the target's labels add to --label's
@@ -277,7 +285,7 @@ class _Reader:
                 )
             elif not isinstance(text, (str, int, float)) or isinstance(text, bool):
                 self.notes.error(
-                    f"{where}.{key}", f"a label value must be text, got {kind_of(text)}"
+                    f"{where}.{key}", f"a label value must be text, got {kind_name(text)}"
                 )
             else:
                 pairs[key] = str(text)
@@ -286,13 +294,13 @@ class _Reader:
     def words(self, where: str, value: object) -> tuple[str, ...] | None:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            self.notes.error(where, f"must be a list of names, got {kind_of(value)}")
+            self.notes.error(where, f"must be a list of names, got {kind_name(value)}")
             return None
         return tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
 
     def switch(self, where: str, value: object) -> bool | None:
         if not isinstance(value, bool):
-            self.notes.error(where, f"must be true or false, got {kind_of(value)}")
+            self.notes.error(where, f"must be true or false, got {kind_name(value)}")
             return None
         return value
 

@@ -24,7 +24,7 @@ from exporter.definitions import (
 from exporter.errors import ConfigError, Problem, excerpt, shorten
 from exporter.files import FileRefused, read_regular
 from exporter.settings import Settings
-from exporter.validation import Notes, const_label_problems, kind_of, read_branch
+from exporter.validation import Notes, const_label_problems, kind_name, read_branch
 
 YAML_SUFFIXES = (".yml", ".yaml")
 _INT_TAG = "tag:yaml.org,2002:int"
@@ -156,8 +156,9 @@ def read_document(text: str, source: str, file_index: int) -> ParsedDocument:
     data = _parse_yaml(text, notes)
     if data is None:
         return ParsedDocument((), tuple(notes.problems), tuple(notes.warnings))
-    if not isinstance(data, dict):
-        notes.error("", f"the top level must be a mapping of branch names, got {kind_of(data)}")
+    if not _looks_like_collectors(data):  # a wrong file: no line of it is quoted
+        notes.error("", f"{_NOT_COLLECTORS}, got {_shape(data)}; check --config")
+        return ParsedDocument((), tuple(notes.problems), ())
     collectors = [
         branch
         for key, body in (data.items() if isinstance(data, dict) else ())
@@ -166,6 +167,22 @@ def read_document(text: str, source: str, file_index: int) -> ParsedDocument:
     if notes.problems:
         collectors = []
     return ParsedDocument(tuple(collectors), tuple(notes.problems), tuple(notes.warnings))
+
+
+_NOT_COLLECTORS = "not a collector file: the top level must map branch names to mappings"
+
+
+def _looks_like_collectors(data: object) -> bool:
+    """A mapping, not one of keys alone: lines like ``root:$6$…:7:::`` (a shadow file)
+    read as keys without values, and are no branch names to quote back."""
+    return isinstance(data, dict) and (not data or any(v is not None for v in data.values()))
+
+
+def _shape(data: object) -> str:
+    """What a wrong file holds, without its text."""
+    if isinstance(data, dict):
+        return f"{len(data)} key(s) without a value"
+    return kind_name(data)
 
 
 def _parse_yaml(text: str, notes: Notes) -> Any:

@@ -4,7 +4,7 @@ The URL (or keyword string) is parsed once, at start, by libpq's own parser
 (PQconninfoParse, through psycopg). Masking, the added ``sslmode``, the database
 name and pgBouncer mode all follow that reading, so a password with any character
 libpq accepts is neither shown nor changed (§1, D14). :func:`mask` is the one
-masking rule, for the target and for any text a log line carries.
+masking rule, for the target and for any text a log line or an error message carries.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ _KEYWORDS = "|".join(sorted(SECRET_PARAMETERS, key=len, reverse=True))
 _SECRET = re.compile(
     r"(?P<url>\b[a-z][a-z0-9+.-]{0,31}://[^\s'\"<>]+)"
     rf"|(?P<key>(?:{_KEYWORDS})\s*=\s*)"
-    r"(?:'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|(?:[^\s\\]|\\.)+)",
+    r"(?:'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|(?:[^\s\\]|\\.)+)"
+    # A crypt(3) or bcrypt hash ($6$salt$hash, $2b$10$…): a shadow or htpasswd line.
+    r"|(?P<hash>\$(?:[0-9]|2[abxy]|y|gy|sha1|md5|apr1)\$[^\s'\":]+)",
     re.IGNORECASE | re.DOTALL,
 )
 _URI_HINT = (
@@ -129,6 +131,8 @@ def mask(text: str) -> str:
 
 def _mask_match(match: re.Match[str]) -> str:
     url = match.group("url")
+    if match.group("hash") is not None:
+        return MASK
     return f"{match.group('key')}{MASK}" if url is None else _mask_url(url)
 
 

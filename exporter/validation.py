@@ -25,6 +25,7 @@ from exporter.definitions import (
     Usage,
 )
 from exporter.errors import Problem, excerpt, shorten
+from exporter.target import mask
 
 BRANCH_FIELDS = frozenset(
     {"name", "desc", "query", "predicate_queries", "ttl", "timeout", "priority"}
@@ -53,11 +54,11 @@ class Notes:
 
     def error(self, where: str, message: str) -> None:
         """Note a problem: the file is invalid."""
-        self.problems.append(Problem(self._at(where), message))
+        self.problems.append(Problem(self._at(where), mask(message)))
 
     def warn(self, where: str, message: str) -> None:
         """Note something suspicious that does not make the file invalid."""
-        self.warnings.append(f"{self._at(where)}: {message}")
+        self.warnings.append(f"{self._at(where)}: {mask(message)}")
 
     def warn_unknown(self, where: str, mapping: dict[Any, Any], known: frozenset[str]) -> None:
         """Unknown fields are warnings: the Go exporter ignores them, so configs carry some."""
@@ -72,7 +73,8 @@ class Notes:
             self.warn(f"{where}.{name}", message)
 
     def _at(self, where: str) -> str:
-        return f"{self.source}:{shorten(where)}" if where else self.source
+        # Keys come from the file: a wrong file (a URL, a shadow line) must not be quoted.
+        return f"{self.source}:{shorten(mask(where))}" if where else self.source
 
 
 def read_branch(notes: Notes, key: object, body: object, file_index: int) -> Collector | None:
@@ -455,6 +457,11 @@ def _is_number(value: object) -> TypeGuard[int | float]:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return isinstance(value, float) or abs(value) <= sys.float_info.max
+
+
+def kind_name(value: object) -> str:
+    """A value's YAML type alone, for where its text may be a secret or a wrong file's."""
+    return _KINDS.get(type(value), type(value).__name__)
 
 
 def kind_of(value: object) -> str:

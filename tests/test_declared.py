@@ -292,3 +292,42 @@ def test_a_url_libpq_misreads_is_refused_per_target(tmp_path: Path, field: str) 
     assert "Ab3" not in message
     assert SECRET not in message
     assert "targets[1]" not in message
+
+
+URL = f"postgresql://monitor:{SECRET}@db1/postgres"
+
+
+def test_a_wrong_file_is_not_quoted(tmp_path: Path) -> None:
+    """A URL file given as --targets.file: its type and the fix, never its line (issue 25)."""
+    message = _problems(_write(tmp_path, f"{URL}\n"))
+    assert "the file needs a list of targets under 'targets', got a string; check" in message
+    assert "--targets.file" in message
+    assert "db1" not in message
+    assert SECRET not in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "where"),
+    [
+        (f'  - "{URL}"', "targets[0]"),
+        (f'  - name: "{URL}"', "targets[0].name"),
+        (f'  - name: a\n    url: postgresql:///x\n    namespace: "{URL}"', "(a).namespace"),
+        (f'  - name: a\n    url: postgresql:///x\n    password_env: "{URL}"', "(a).password_env"),
+        (f'  - name: a\n    url: postgresql:///x\n    password_file: "{URL}"', "(a).password_file"),
+        (f'  - name: a\n    url: postgresql:///x\n    "{URL}": 1', "(a).postgresql://monitor:"),
+        (f'  - name: a\n    url: postgresql:///x\n    labels: {{"{URL}": x}}', "(a).labels."),
+        (f'  - name: a\n    url: postgresql:///x\n    tags: {{"{URL}": x}}', "(a).tags"),
+        (f'  - name: a\n    url_file: {{"{URL}": x}}', "(a).url_file"),
+    ],
+)
+def test_a_url_in_any_other_field_is_masked(tmp_path: Path, entry: str, where: str) -> None:
+    """A URL where a name, path, variable or key belongs: the password is never quoted."""
+    message = _problems(_write(tmp_path, f"targets:\n{entry}\n"))
+    assert where in message
+    assert SECRET not in message
+
+
+def test_defaults_given_as_a_url_are_not_quoted(tmp_path: Path) -> None:
+    message = _problems(_write(tmp_path, f'defaults: "{URL}"\ntargets: []\n'))
+    assert "defaults: must be a mapping of target options, got a string" in message
+    assert "db1" not in message

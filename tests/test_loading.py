@@ -216,7 +216,7 @@ def test_malformed_yaml_names_the_line() -> None:
 
 def test_top_level_must_be_a_mapping() -> None:
     """A list at the top level is rejected at the file."""
-    assert "top level must be a mapping" in problems_of("- a\n- b\n")["c.yml"]
+    assert "the top level must map branch names" in problems_of("- a\n- b\n")["c.yml"]
 
 
 def test_branch_must_be_a_mapping() -> None:
@@ -719,3 +719,34 @@ def test_a_fifo_as_config_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_definitions(str(fifo))
+
+
+@pytest.mark.parametrize(
+    ("text", "got"),
+    [
+        ("root:$6$Zq9salt$Zq9hash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n", "2 key(s)"),
+        ("postgresql://monitor:Zq9@db1/postgres\n", "a string"),
+        ("alice:$2y$10$Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq9Zq\n", "a string"),
+        ("- Zq9\n", "a list"),
+    ],
+)
+def test_a_wrong_file_is_named_by_its_shape_never_quoted(text: str, got: str) -> None:
+    """A shadow file, a URL file, an htpasswd file given as -c: one problem saying what
+    the file holds and the fix, quoting none of it (issue 25)."""
+    found = problems_of(text)
+    assert list(found) == ["c.yml"]
+    assert found["c.yml"].startswith("not a collector file: the top level must map branch")
+    assert f"got {got}" in found["c.yml"]
+    assert "check --config" in found["c.yml"]
+    for part in ("Zq9", "root", "19000", "db1", "alice"):
+        assert part not in found["c.yml"]
+
+
+def test_a_url_or_hash_in_a_branch_key_or_value_is_masked() -> None:
+    """Keys and values quoted in locations and messages go through the masking rule."""
+    found = problems_of(
+        '"postgresql://u:Zq9@h/db": [1]\n'
+        'b:\n  query: SELECT 1\n  metrics:\n    - v: {usage: "$6$Zq9$Zq9"}\n'
+    )
+    assert "c.yml:postgresql://u:xxxxx@h/db" in found
+    assert all("Zq9" not in f"{where} {message}" for where, message in found.items())
