@@ -313,3 +313,24 @@ def test_queries_are_plain_reads() -> None:
     for collector in library().collectors:
         found = WRITES.findall(collector.query)
         assert found == [], f"{collector.key}: {found}"
+
+
+# The columns of pg_subscription that PostgreSQL 13 lets every role read: `oid` is not
+# one of them (14 adds it), so pg_monitor reading it fails with 42501 (issue 23).
+PG13_SUBSCRIPTION_COLUMNS = frozenset(
+    {"subdbid", "subname", "subowner", "subenabled", "subslotname", "subpublications"}
+)
+SUBSCRIPTION_ALIAS = re.compile(r"\bpg_subscription\s+AS\s+(\w+)", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("in_recovery", [False, True])
+def test_branches_for_13_read_only_the_granted_subscription_columns(in_recovery: bool) -> None:
+    """On 13 a pg_monitor role may read only some columns of pg_subscription."""
+    for collector in make_plan(library(), facts(130000, in_recovery), []).planned:
+        query = collector.query
+        mentions = re.findall(r"\bpg_subscription\b(\s+AS\s+\w+)?", query, re.IGNORECASE)
+        # Each mention names an alias, so the columns read through it can be checked.
+        assert all(mentions), f"{collector.key}: write pg_subscription AS <alias>"
+        for alias in SUBSCRIPTION_ALIAS.findall(query):
+            used = set(re.findall(rf"\b{alias}\.(\w+)", query))
+            assert used <= PG13_SUBSCRIPTION_COLUMNS, f"{collector.key}: {sorted(used)}"

@@ -189,6 +189,7 @@ async def test_whole_library_runs_clean_on_primary(
     scrape = await _scrape(aiohttp_client, pg, user, _definitions())
     _report(f"PostgreSQL {pg.version} primary as {user}", scrape)
     assert scrape.failures == []
+    assert _repeated_series(scrape.body) == []
     assert scrape.planned >= MIN_PLANNED["primary"]
     assert scrape.families >= MIN_FAMILIES
     assert scrape.series >= MIN_SERIES
@@ -259,12 +260,59 @@ async def test_whole_library_runs_clean_on_replica(
     scrape = await _scrape(aiohttp_client, replica, user, _definitions())
     _report(f"PostgreSQL {replica.version} replica as {user}", scrape)
     assert scrape.failures == []
+    assert _repeated_series(scrape.body) == []
     assert value(scrape.body, "pg_in_recovery") == 1
     assert _has(scrape.body, "pg_recv_flush_lsn")
     assert _has(scrape.body, "pg_recovery_replay_pending_bytes")
     assert scrape.planned >= MIN_PLANNED["replica"]
     assert scrape.families >= MIN_FAMILIES
     assert unexpected_problems(promtool, scrape.body.encode()) == []
+
+
+TWIN = "libcov_twin"
+_TWIN_SUBSCRIPTION = """
+CREATE SUBSCRIPTION cov_sub CONNECTION 'host=127.0.0.1 dbname=nowhere'
+  PUBLICATION cov_pub WITH (connect = false);
+"""
+# A subscription created without connecting still names a slot; drop it without one.
+_TWIN_CLEANUP = """
+ALTER SUBSCRIPTION cov_sub SET (slot_name = NONE);
+DROP SUBSCRIPTION cov_sub;
+"""
+
+
+async def test_subscriptions_of_one_name_in_two_databases_stay_apart(
+    aiohttp_client: AiohttpClient, every_pg: LocalCluster
+) -> None:
+    """Two databases each own a subscription cov_sub: as pg_monitor, pg_sub gives one
+    series set per database (Go 1.5.0's datname label), without a repeated label set."""
+    pg = every_pg
+    _prepare(pg)
+    pg.psql(f"DROP DATABASE IF EXISTS {TWIN}")
+    pg.psql(f"CREATE DATABASE {TWIN}")
+    try:
+        pg.psql(_TWIN_SUBSCRIPTION, dbname=TWIN)
+        scrape = await _scrape(aiohttp_client, pg, MONITOR, _definitions())
+    finally:
+        pg.psql(_TWIN_CLEANUP, dbname=TWIN)
+        pg.psql(f"DROP DATABASE {TWIN}")
+    assert scrape.failures == []
+    assert _repeated_series(scrape.body) == []
+    for datname in (DB, TWIN):
+        assert value(scrape.body, "pg_sub_enabled", datname=datname, subname="cov_sub") == 0
+
+
+def _repeated_series(body: str) -> list[str]:
+    """Sample lines whose name and labels appear more than once."""
+    seen: set[str] = set()
+    repeated = []
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            series = line.rsplit(" ", 1)[0]
+            if series in seen:
+                repeated.append(series)
+            seen.add(series)
+    return repeated
 
 
 async def test_branches_skipped_by_default_still_run_for_a_superuser(
