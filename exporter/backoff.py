@@ -1,9 +1,11 @@
-"""Per-collector back-off and bounded jitter: plain arithmetic, no I/O (D15, D17).
+"""Per-collector and per-login back-off, bounded jitter: plain arithmetic, no I/O (D15, D17).
 
 A failed collector is first kept empty for its TTL (B14). Each further failure in
 a row doubles the wait, with full jitter, up to a ceiling; one success resets it.
 The caller keeps one :class:`Backoff` per collector and database, and passes the
-random source in, so tests can make it deterministic.
+random source in, so tests can make it deterministic. A login the server refused
+waits likewise before the next (:func:`login_wait`, kept by
+:class:`exporter.connections.Logins`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,26 @@ def after_failure(
     wait = wait_after(failures, ttl, ceiling, random)
     active = failures >= 2 and ceiling > 0
     return Backoff(failures=failures, retry_at=finished_at + wait, wait=wait, backing_off=active)
+
+
+#: After a login the server refused (a wrong password, no such role, a pg_hba rule), the
+#: next waits this long, doubling with each refusal in a row up to LOGIN_CEILING: a few
+#: failed logins a minute, so lockout tools never count the exporter as an attack.
+LOGIN_FIRST_WAIT = 1.0
+LOGIN_CEILING = 60.0
+
+
+def login_wait(
+    refusals: int, random: Random, first: float = LOGIN_FIRST_WAIT, ceiling: float = LOGIN_CEILING
+) -> float:
+    """Seconds before the next login after ``refusals`` refused in a row (issue 25).
+
+    ``first`` doubles per refusal up to ``ceiling``, less up to half of it at random
+    ("equal jitter"): exporters sharing a role spread their attempts apart, yet each
+    waits at least half the step, so the ceiling bounds the failed logins a minute.
+    """
+    step = min(ceiling, first * 2.0 ** min(max(refusals, 1) - 1, _MAX_DOUBLINGS))
+    return step * (1.0 - 0.5 * random())
 
 
 def retry_in(backoff: Backoff | None, now: float) -> float:

@@ -12,14 +12,132 @@ walk waits for one to finish. Choosing what to close is a plain function;
 from __future__ import annotations
 
 import asyncio
+import logging
+import random as _random
+import re
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
+
+import psycopg
+
+from exporter.backoff import LOGIN_CEILING, Random, login_wait
+
+log = logging.getLogger(__name__)
 
 #: Connections the health probe keeps outside the databases' share.
 PROBE_CONNECTIONS = 1
 
 K = TypeVar("K")
+T = TypeVar("T")
+
+# libpq reports no SQLSTATE for a failed connection, so the server's (English) message
+# says when it refused the login itself: SQLSTATE class 28 (28P01 authentication failed,
+# 28000 no such role, not allowed to log in, a pg_hba rule), or libpq had no password.
+_REFUSED_LOGIN = re.compile(
+    r'authentication failed for user|pg_hba\.conf rejects|no pg_hba\.conf entry|role ".*" does '
+    r"not exist|is not permitted to log in|no password supplied"
+)
+
+
+def refused_login(exc: BaseException) -> bool:
+    """True when the server refused to let us log in: trying again at once cannot succeed,
+    and each try is one more failed login in its log, which lockout tools count."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith("28")
+    return isinstance(exc, psycopg.Error) and _REFUSED_LOGIN.search(str(exc)) is not None
+
+
+class LoginHeld(psycopg.OperationalError):
+    """No connection attempted: the server refused the last login and its wait is not over."""
+
+
+@dataclass(slots=True)
+class _Refusals:
+    """Logins to one database the server refused in a row, and when the next may go."""
+
+    count: int
+    retry_at: float  # the clock's seconds
+    error: str  # the server's last refusal, first line
+    trying: bool = False  # a login is under way: the others wait for its verdict
+
+
+class Logins:
+    """A target's logins: after the server refuses one, the next waits (issue 25).
+
+    Passes and the health probe ask here before connecting, so a wrong password (a
+    rotation in progress) costs the server a few failed logins a minute however often
+    clients ask, not one per scrape and probe. While a database waits, they fail at
+    once with the last refusal, without dialling. Any other failure (a refused or
+    timed-out connection: the server is down or restarting) waits nothing, so a server
+    coming back is seen as soon as before; a success or a reload forgets the refusals.
+    """
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, random: Random = _random.random
+    ) -> None:
+        self.clock = clock
+        self.random = random
+        self._refused: dict[str | None, _Refusals] = {}  # by database; None: the URL's
+        self.held = 0  # connections not attempted because the server refused the last login
+
+    def reset(self) -> None:
+        """Forget every refusal: the operator may have fixed the password (a reload)."""
+        self._refused.clear()
+
+    def wait(self, database: str | None = None) -> float:
+        """Seconds until ``database``'s next login may go; 0 when it may go now."""
+        refused = self._refused.get(database)
+        return 0.0 if refused is None else max(0.0, refused.retry_at - self.clock())
+
+    async def connect(self, database: str | None, dial: Callable[[], Awaitable[T]]) -> T:
+        """``dial()``, unless the server refused ``database``'s last login and the wait is
+        not over (or another login to it is under way): then LoginHeld, without dialling."""
+        refused = self._refused.get(database)
+        if refused is not None:
+            if refused.trying or self.clock() < refused.retry_at:
+                self.held += 1
+                raise LoginHeld(self._held_message(refused))
+            refused.trying = True
+        try:
+            conn = await dial()
+        except BaseException as exc:
+            self._failed(database, exc)
+            raise
+        if self._refused.pop(database, None) is not None:
+            log.info("the server accepts the login again", extra={"datname": database or ""})
+        return conn
+
+    def _held_message(self, refused: _Refusals) -> str:
+        wait = max(0.0, refused.retry_at - self.clock())
+        return (
+            f"{refused.error} (not tried again: the server refused the last {refused.count} "
+            f"login(s); the next in {wait:.0f}s, or at once after a reload)"
+        )
+
+    def _failed(self, database: str | None, exc: BaseException) -> None:
+        """Count a refusal and set its wait; any other failure forgets the refusals (the
+        server went away, so what it thinks of us is unknown again)."""
+        previous = self._refused.pop(database, None)
+        if not refused_login(exc):
+            if previous is not None and not isinstance(exc, psycopg.Error):
+                previous.trying = False  # cancelled with its request: no verdict
+                self._refused[database] = previous
+            return
+        count = (previous.count if previous else 0) + 1
+        wait = login_wait(count, self.random)
+        error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        self._refused[database] = _Refusals(count, self.clock() + wait, error)
+        level = logging.WARNING if previous is None else logging.INFO
+        log.log(
+            level,
+            "the server refused the login; the next attempt waits %.1fs, doubling up to "
+            "%gs while it refuses (a reload tries at once): %s",
+            wait, LOGIN_CEILING, error, extra={"datname": database or ""},
+        )  # fmt: skip
 
 
 class Holder(Protocol):
@@ -65,6 +183,7 @@ class ConnectionBudget:
         self.opened_by: dict[str, int] = {}  # datname -> opened, while it is scraped
         self.evictions = 0  # connections closed to make room for another database
         self.peak = 0  # most connections the databases held at once
+        self.logins = Logins()  # refused logins, shared with the target's health probe
 
     @classmethod
     def unlimited(cls) -> ConnectionBudget:

@@ -143,8 +143,11 @@ class Server:
                 self.options.url, self.datname, self.options.connect_timeout
             )
             await self.budget.make_room(self)  # least recently used first (issue 13)
-            try:
-                self.conn = await postgres.connect(conninfo, self.options.connect_timeout)
+            try:  # not at all while the server's refusal of our login stands (issue 25)
+                self.conn = await self.budget.logins.connect(
+                    self.datname,
+                    lambda: postgres.connect(conninfo, self.options.connect_timeout),
+                )
             except BaseException:  # failed, or cancelled with its request (B9)
                 self.budget.cancel()
                 raise

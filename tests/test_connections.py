@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
 import pytest
 
-from exporter.connections import ConnectionBudget, lru_victims
+from exporter.connections import ConnectionBudget, LoginHeld, Logins, lru_victims, refused_login
+from tests.clock import FakeClock
 
 
 class FakeHolder:
@@ -103,3 +105,132 @@ async def test_a_reservation_given_back_frees_the_place() -> None:
     budget.cancel()
     await holder.connect()  # would wait for ever if the place were still taken
     assert budget.open == 1
+
+
+WRONG_PASSWORD = (
+    'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
+    'FATAL:  password authentication failed for user "mon"'
+)
+REFUSED = 'connection to server at "127.0.0.1", port 1 failed: Connection refused'
+
+
+class Dialler:
+    """Counts dials; each fails with the next of ``errors`` (None: succeeds)."""
+
+    def __init__(self, *errors: str | None) -> None:
+        self.errors = list(errors)
+        self.dials = 0
+
+    async def __call__(self) -> str:
+        self.dials += 1
+        error = self.errors.pop(0)
+        if error is not None:
+            raise psycopg.OperationalError(error)
+        return "conn"
+
+
+async def _try(logins: Logins, dial: Dialler, database: str | None = None) -> str:
+    try:
+        return await logins.connect(database, dial)
+    except psycopg.OperationalError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        (WRONG_PASSWORD, True),
+        ('FATAL:  role "nouser" does not exist', True),
+        ('FATAL:  pg_hba.conf rejects connection for host "127.0.0.1", user "u"', True),
+        ('FATAL:  no pg_hba.conf entry for host "10.0.0.1", user "u", database "d"', True),
+        ('FATAL:  role "u" is not permitted to log in', True),
+        ("fe_sendauth: no password supplied", True),
+        (REFUSED, False),
+        ("FATAL:  the database system is starting up", False),
+        ("FATAL:  sorry, too many clients already", False),
+        ('FATAL:  database "gone" does not exist', False),
+    ],
+)
+def test_refused_login_is_the_servers_refusal_to_log_in(message: str, refused: bool) -> None:
+    """SQLSTATE class 28 by its message (libpq gives a failed connection no SQLSTATE);
+    a down, starting or full server is not a refusal."""
+    assert refused_login(psycopg.OperationalError(message)) is refused
+
+
+async def test_a_refused_login_holds_the_next_until_its_wait_is_over() -> None:
+    """After a refusal no connection is attempted for the wait (LoginHeld, with the last
+    refusal), then one is; each refusal in a row doubles the wait; a success forgets."""
+    clock = FakeClock()
+    logins = Logins(clock=clock, random=lambda: 0.0)
+    dial = Dialler(WRONG_PASSWORD, WRONG_PASSWORD, None)
+    assert "password authentication failed" in await _try(logins, dial)
+    held = await _try(logins, dial)
+    assert held.startswith("LoginHeld:")
+    assert "password authentication failed" in held
+    assert "refused the last 1 login(s)" in held
+    assert (dial.dials, logins.held, logins.wait()) == (1, 1, 1.0)
+    clock.advance(1.0)
+    assert "password authentication failed" in await _try(logins, dial)
+    assert logins.wait() == 2.0
+    clock.advance(1.9)
+    assert (await _try(logins, dial)).startswith("LoginHeld:")
+    clock.advance(0.1)
+    assert await _try(logins, dial) == "conn"
+    assert (dial.dials, logins.wait()) == (3, 0.0)
+
+
+async def test_one_login_at_a_time_after_a_refusal() -> None:
+    """While the retry after a refusal is under way, the probe and the pass do not add
+    their own: they are held until its verdict."""
+    clock = FakeClock()
+    logins = Logins(clock=clock, random=lambda: 0.0)
+    gate = asyncio.Event()
+
+    async def slow() -> str:
+        await gate.wait()
+        return "conn"
+
+    await _try(logins, Dialler(WRONG_PASSWORD))
+    clock.advance(1.0)
+    retry = asyncio.create_task(logins.connect(None, slow))
+    await asyncio.sleep(0)
+    assert (await _try(logins, Dialler(None))).startswith("LoginHeld:")
+    gate.set()
+    assert await retry == "conn"
+    assert await _try(logins, Dialler(None)) == "conn"
+
+
+async def test_refused_connections_and_other_databases_are_not_held() -> None:
+    """A server that is down or restarting is tried at once, as before (health checks
+    must see it back); one database's refusal holds only that database."""
+    logins = Logins(clock=FakeClock(), random=lambda: 0.0)
+    dial = Dialler(REFUSED, REFUSED, WRONG_PASSWORD, None)
+    await _try(logins, dial)
+    await _try(logins, dial)
+    assert dial.dials == 2
+    assert "password" in await _try(logins, dial, "other")
+    assert await _try(logins, dial) == "conn"
+    assert logins.wait("other") > 0
+
+
+async def test_reset_and_a_cancelled_retry_let_the_next_login_go() -> None:
+    """A reload forgets the refusals; a retry cancelled with its request is no verdict."""
+    clock = FakeClock()
+    logins = Logins(clock=clock, random=lambda: 0.0)
+    await _try(logins, Dialler(WRONG_PASSWORD))
+    logins.reset()
+    assert await _try(logins, Dialler(None)) == "conn"
+    await _try(logins, Dialler(WRONG_PASSWORD))
+    clock.advance(1.0)
+
+    async def cancelled() -> str:
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await logins.connect(None, cancelled)
+    assert await _try(logins, Dialler(None)) == "conn"
+
+
+def test_login_held_is_an_operational_error() -> None:
+    """Passes and the probe handle a held login as the connection failure it stands for."""
+    assert issubclass(LoginHeld, psycopg.OperationalError)

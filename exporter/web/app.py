@@ -88,6 +88,7 @@ async def _scrapes_tell_the_probe(app: web.Application) -> AsyncIterator[None]:
     """A scrape that reads the other role than the health probe's wakes the probe."""
     exporter = app[STATE].exporter
     exporter.recovery_seen = app[HEALTH_PROBE].recovery_seen
+    app[HEALTH_PROBE].logins = exporter.connections.logins  # one login back-off (issue 25)
     yield
     exporter.recovery_seen = None
 

@@ -58,6 +58,7 @@ class Member:
 
     def __post_init__(self) -> None:
         self.state.exporter.recovery_seen = self.probe.recovery_seen
+        self.probe.logins = self.state.exporter.connections.logins  # one back-off (issue 25)
 
     @property
     def name(self) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import psycopg
 
 from exporter import postgres
+from exporter.connections import Logins
 from exporter.web.pace import FAST_INTERVAL, SLOW_INTERVAL, Pace
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,7 @@ class HealthProbe:
         self._clock = clock
         self._connector = connector
         self._conn: Conn | None = None
+        self.logins: Logins | None = None  # the target's, shared with its passes
         self._wake = asyncio.Event()  # set when something suggests probing now
         self.snapshot = HealthSnapshot(Status.UNKNOWN, clock(), "not probed yet")
         self.reading = Reading(Status.UNKNOWN)  # what the last probe saw
@@ -246,7 +249,9 @@ class HealthProbe:
                 except psycopg.Error as exc:  # e.g. the server restarted: try a fresh one
                     log.debug("health probe connection failed, reconnecting: %s", exc)
                     await self.close()
-            self._conn = await self._connector(self._conninfo, self.connect_timeout)
+            dial = functools.partial(self._connector, self._conninfo, self.connect_timeout)
+            # The target's passes and the probe heed one login back-off (issue 25).
+            self._conn = await (dial() if self.logins is None else self.logins.connect(None, dial))
             return await self._query(self._conn)
         except BaseException:
             await self.close()

@@ -129,6 +129,11 @@ class Reloader:
 
     async def reload(self) -> Outcome:
         """Reload, or share the reload queued behind the running one."""
+        # The password may be fixed: every target logs in at once again (issue 25).
+        if self.exporter is not None:
+            self.exporter.connections.logins.reset()
+        for member in self.fleet.members.values() if self.fleet is not None else ():
+            member.state.exporter.connections.logins.reset()
         if self.running is None:
             self.running = asyncio.create_task(self._run_then_release())
             return await asyncio.shield(self.running)
