@@ -287,6 +287,12 @@ class SelfMetrics:
             self._single("exporter_connections_evicted_total", "counter",
                          "connections closed to make room for another database's",
                          float(budget.evictions)),
+            self._single("exporter_connections_login_wait_seconds", "gauge",
+                         "seconds until the next login, after the server refused the last",
+                         budget.logins.wait()),
+            self._single("exporter_connections_logins_held_total", "counter",
+                         "connections not attempted because the server refused the last login",
+                         float(budget.logins.held)),
         ]  # fmt: skip
 
     def series_budget(self, exporter: Exporter) -> list[Family]:

@@ -111,7 +111,10 @@ async def test_single_target_wrong_password_costs_a_few_failed_logins(
         failed = _failed_logins(cluster, role) - start
         assert requests > 100, requests  # the clients really hammered
         assert 1 <= failed <= MOST_FAILED_LOGINS, failed
-        assert value((await _get(f"{base}/metrics"))[1], "pg_up") == 0
+        body = (await _get(f"{base}/metrics"))[1]
+        assert value(body, "pg_up") == 0
+        assert value(body, "pg_exporter_connections_logins_held_total") > 100
+        assert 0 < value(body, "pg_exporter_connections_login_wait_seconds") <= 60
         assert (await _get(f"{base}/up"))[0] == 503
         cluster.psql(f"ALTER ROLE {role} PASSWORD 'wrong'")  # the rotation completes
         assert (await _get(f"{base}/reload"))[0] == 200
