@@ -240,17 +240,29 @@ def limits_sql(timeout: float | None, server_version: int) -> str:
 
 
 def session_sql(limits: Limits, previous: Limits | None) -> str:
-    """What brings a session from ``previous`` limits to ``limits`` (issue 22), in one
-    statement list: everything, read-only default first, on a session not yet set up
-    (``previous`` None); otherwise only the settings that differ, "" when none does."""
+    """One statement that brings a session from ``previous`` limits to ``limits`` (issue
+    22): everything, read-only default first, on a session not yet set up (``previous``
+    None); otherwise only the settings that differ; "" when none does. One SELECT of
+    set_config() rather than a SET each: one statement for the server to run and count,
+    and, like any statement that fails, it changes nothing when it is cancelled."""
     if previous is None:
-        changed = list(limits.settings)
-        head = ["SET default_transaction_read_only = on"]
+        changed = [("default_transaction_read_only", "'on'")]
+        changed += [(name, _setting(name, ms)) for name, ms in limits.settings]
     else:
-        changed = [item for item in limits.settings if item not in previous.settings]
-        head = []
-    sets = [f"RESET {n}" if ms is SERVER_DEFAULT else f"SET {n} = {ms}" for n, ms in changed]
-    return "; ".join(head + sets)
+        changed = [
+            (name, _setting(name, ms))
+            for name, ms in limits.settings
+            if (name, ms) not in previous.settings
+        ]
+    calls = ", ".join(f"set_config('{name}', {value}, false)" for name, value in changed)
+    return f"SELECT {calls}" if calls else ""
+
+
+def _setting(name: str, ms: int | None) -> str:
+    """A limit as SQL text: milliseconds, or what RESET would restore."""
+    if ms is SERVER_DEFAULT:
+        return f"(SELECT reset_val FROM pg_settings WHERE name = '{name}')"
+    return f"'{ms}'"
 
 
 def session_read_only(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool | None:
@@ -314,8 +326,7 @@ async def begin(
 
 
 async def set_session(cur: psycopg.AsyncCursor[tuple[object, ...]], sql: str) -> None:
-    """Apply session limits in one round trip; the statements run as one implicit
-    transaction, so a cancelled or failed list changes nothing."""
+    """Apply session limits (session_sql) in one round trip."""
     await cur.execute(sql, prepare=False)
 
 

@@ -75,7 +75,8 @@ async def test_limits_change_only_when_the_next_collector_differs(
     pg: LocalCluster, start: Start
 ) -> None:
     """Collectors of different timeouts, one after another, each see their own limits, read
-    only; the pass sends one SET list where the timeout changes, none where it does not."""
+    only; the pass sends one statement of limits where the timeout changes, none where it
+    does not."""
     config = _limits("lim_short", 0.2) + _marked("rt_same", 0.2) + _limits("lim_long", 2)
     served = await start(pg, config, disable_cache=True)
     statements = await _steady_pass(pg, served)
@@ -84,10 +85,11 @@ async def test_limits_change_only_when_the_next_collector_differs(
                  lock_timeout="50ms") == 1, body  # fmt: skip
     assert value(body, "lim_long_v", read_only="on", statement_timeout="2s",
                  lock_timeout="500ms") == 1, body  # fmt: skip
-    sets = [s for s in statements if s.startswith(("SET", "RESET"))]
+    sets = [s for s in statements if "set_config(" in s and "AS read_only" not in s]
     # Into lim_long's limits, and back to lim_short's at the start of the next pass.
     assert len(sets) == 2, statements
-    assert not any(s.startswith(("BEGIN", "COMMIT")) for s in statements), statements
+    # The collectors, two limit changes and the preflight: no BEGIN, SET or COMMIT.
+    assert len(statements) == 3 + 2 + 1, statements
 
 
 async def test_a_collector_turning_read_only_off_does_not_unlock_the_next(
@@ -128,3 +130,22 @@ async def test_servers_that_do_not_report_read_only_keep_a_transaction_per_colle
     assert value(body, "lim_old_v", read_only="on", statement_timeout="2s",
                  lock_timeout="500ms") == 1, body  # fmt: skip
     assert sum(s.startswith("BEGIN READ ONLY") for s in statements) == 1, statements
+
+
+async def test_an_unbounded_collector_after_a_bounded_one_gets_the_servers_own_limit(
+    pg: LocalCluster, start: Start
+) -> None:
+    """An unbounded collector sets no statement limit of its own: after a bounded one it
+    runs under the limit the database or role gives, as it did in a transaction of its
+    own, not under none at all (D1)."""
+    database = f"rt_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE DATABASE {database}")
+    pg.psql(f"ALTER DATABASE {database} SET statement_timeout = '7s'")
+    config = _limits("lim_bounded", 2) + _limits("lim_unbounded", -1)
+    served = await start(pg, config, disable_cache=True, url=pg.dsn(database))
+    await _steady_pass(pg, served)
+    body = (await get(served.port)).text
+    assert value(body, "lim_bounded_v", read_only="on", statement_timeout="2s",
+                 lock_timeout="500ms") == 1, body  # fmt: skip
+    assert value(body, "lim_unbounded_v", read_only="on", statement_timeout="7s",
+                 lock_timeout="1s") == 1, body  # fmt: skip
