@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from pytest_aiohttp.plugin import AiohttpClient
 
+from exporter.loading import load_definitions
 from exporter.web.app import create_app
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.integration.helpers import (
+    COLLECTORS,
     exporter_backends,
     samples,
     settings_for,
@@ -645,3 +648,22 @@ async def test_query_label_and_stat_use_the_collector_name(
     assert stat[0].split()[-1] == "branch"
     assert any(line.endswith("twice_a,twice_b") for line in stat)
     assert any(line.endswith(" verbranch_18") for line in stat)
+
+
+async def test_openmetrics_of_the_whole_library_passes_a_strict_parser(
+    aiohttp_client: AiohttpClient, pg18: LocalCluster
+) -> None:
+    """On a primary the library's receive LSN is a NaN counter: the text format keeps it, as
+    Go does, and OpenMetrics leaves it out, so a strict parser takes the exposition (issue 25)."""
+    settings = settings_for(pg18, auto_discovery=False, openmetrics=True)
+    client: Client = await aiohttp_client(create_app(settings, load_definitions(str(COLLECTORS))))
+    text = await _scrape(client)
+    assert "\npg_receive_lsn NaN\n" in text
+    response = await client.get(
+        "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
+    body = await response.text()
+    assert "\n# TYPE pg_receive_lsn counter\n" in body
+    assert "pg_receive_lsn_total NaN" not in body
+    families = {f.name for f in text_string_to_metric_families(body)}  # type: ignore[no-untyped-call]
+    assert {"pg_up", "pg_lsn", "pg_receive_lsn"} <= families
