@@ -30,14 +30,22 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from exporter.errors import ConfigError, TargetError, excerpt
 from exporter.files import FileRefused, read_regular
-from exporter.loading import parse_yaml, read_text
+from exporter.loading import Bounds, parse_yaml, read_text
 from exporter.settings import MAX_WHOLE, MIN_MAX_CONNECTIONS, Settings
-from exporter.target import Target
+from exporter.target import checked
 from exporter.validation import LABEL_NAME, Notes, kind_name
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_TARGETS = 10_000
 MAX_SECRET_BYTES = 64 * 1024  # a password or URL file holds one line, not megabytes
+# A targets file may declare MAX_TARGETS targets, each with every option and six labels
+# (44 YAML values, ~460 bytes): a collector file's bounds (100 000 values) refused 9 000
+# targets with six labels. Reading such a file peaks at ~400 MiB and a few ten seconds
+# on one core; the bounds allow twice its size. Aliases may add ~1 KB a target (a shared
+# label map on each): an alias bomb still stops at 10 M characters.
+TARGETS_BOUNDS = Bounds(
+    chars=MAX_TARGETS * 1024, values=MAX_TARGETS * 48, alias_expansion=MAX_TARGETS * 1000
+)
 
 # Where a target's URL and password may come from: exactly one URL source, at most
 # one password source.
@@ -91,8 +99,9 @@ def load_targets(path: str, base: Settings, environ: Mapping[str, str] | None = 
     """
     env = os.environ if environ is None else environ
     notes = Notes(path)
-    text = read_text(path, notes, "check --targets.file or PG_EXPORTER_TARGETS_FILE")
-    data = parse_yaml(text, notes) if text is not None else None
+    hint = "check --targets.file or PG_EXPORTER_TARGETS_FILE"
+    text = read_text(path, notes, hint, TARGETS_BOUNDS.chars)
+    data = parse_yaml(text, notes, TARGETS_BOUNDS) if text is not None else None
     reader = _Reader(notes, base, env)
     targets = reader.document(data) if not notes.problems else []
     if notes.problems:
@@ -211,7 +220,7 @@ class _Reader:
         if url is None:
             return None
         try:  # checked as given: a password added from a file later would hide a misread URL
-            Target.parse(url)
+            checked(url)
         except TargetError as exc:  # the message never quotes the URL
             self.notes.error(f"{where}.{given[0]}", str(exc))
             return None

@@ -44,6 +44,18 @@ MAX_VALUES = 100_000  # PyYAML holds ~800 bytes per value while reading
 MAX_ALIAS_EXPANSION = 1_000_000
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one YAML file may cost: bytes read, values held, text its aliases add."""
+
+    chars: int = MAX_FILE_CHARS
+    values: int = MAX_VALUES
+    alias_expansion: int = MAX_ALIAS_EXPANSION
+
+
+COLLECTOR_BOUNDS = Bounds()
+
+
 class _TooBig(yaml.composer.ComposerError):
     """A document past the bounds above, or whose aliases make a value contain itself."""
 
@@ -51,8 +63,9 @@ class _TooBig(yaml.composer.ComposerError):
 class _Loader(yaml.SafeLoader):
     """SafeLoader that reads ``090600`` as 90600, notes duplicate keys and bounds the size."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, bounds: Bounds = COLLECTOR_BOUNDS) -> None:
         super().__init__(stream)
+        self.bounds = bounds
         self.duplicates: list[tuple[str, int]] = []
         self._sizes: dict[int, int] = {}  # id(node) -> characters of its text, aliases expanded
         self._expansion = 0
@@ -63,8 +76,9 @@ class _Loader(yaml.SafeLoader):
         node = super().compose_node(parent, index)
         if node is not None:
             self._sizes[id(node)] = _expanded_size(node, self._sizes)
-            if len(self._sizes) > MAX_VALUES:
-                problem = f"more than {MAX_VALUES} values in one file; split it into several"
+            if len(self._sizes) > self.bounds.values:
+                limit = self.bounds.values
+                problem = f"more than {limit} values in one file; split it into several"
                 raise _TooBig(None, None, problem, node.start_mark)
         return node
 
@@ -78,10 +92,10 @@ class _Loader(yaml.SafeLoader):
                 None, None, "an alias inside its own anchor: a value cannot contain itself", mark
             )
         self._expansion += size
-        if self._expansion > MAX_ALIAS_EXPANSION:
+        if self._expansion > self.bounds.alias_expansion:
             problem = (
-                f"aliases expand the document by more than {MAX_ALIAS_EXPANSION} characters "
-                "(an alias bomb?); write the values out or use fewer aliases"
+                f"aliases expand the document by more than {self.bounds.alias_expansion} "
+                "characters (an alias bomb?); write the values out or use fewer aliases"
             )
             raise _TooBig(None, None, problem, mark)
         return node
@@ -185,11 +199,11 @@ def _shape(data: object) -> str:
     return kind_name(data)
 
 
-def _parse_yaml(text: str, notes: Notes) -> Any:
+def _parse_yaml(text: str, notes: Notes, bounds: Bounds = COLLECTOR_BOUNDS) -> Any:
     """The document's data, or None after noting a syntax error (with its line)."""
     loader: _Loader | None = None
     try:
-        loader = _Loader(text)  # refuses control characters already
+        loader = _Loader(text, bounds)  # refuses control characters already
         data = loader.get_single_data()
     except yaml.YAMLError as exc:
         notes.error(*_yaml_problem(exc))
@@ -293,10 +307,10 @@ def read_text(
         return None
 
 
-def parse_yaml(text: str, notes: Notes) -> Any:
+def parse_yaml(text: str, notes: Notes, bounds: Bounds = COLLECTOR_BOUNDS) -> Any:
     """The document's data under the loader's limits (aliases, size, values), or None
     after noting a syntax error: for any YAML file the exporter reads."""
-    return _parse_yaml(text, notes)
+    return _parse_yaml(text, notes, bounds)
 
 
 def _ordered(collectors: Iterable[Collector]) -> tuple[Collector, ...]:

@@ -65,17 +65,7 @@ class Target:
     @classmethod
     def parse(cls, text: str) -> Target:
         """Read ``text`` with libpq; TargetError, quoting none of it, if libpq cannot."""
-        try:
-            params = _read(text)
-        except TargetError as exc:
-            hint = _URI_HINT if text.startswith(_URI_PREFIXES) else _KEYWORD_HINT
-            raise TargetError(f"libpq cannot read the target URL ({exc}); {hint}") from None
-        doubt = _implausible(params) if text.startswith(_URI_PREFIXES) else None
-        if doubt is not None:  # a password libpq took for a host, port or database
-            raise TargetError(
-                f"libpq reads the target URL with {doubt}: the password (or user name) "
-                f"likely holds an unencoded '/' or '@'; {_URI_HINT}"
-            )
+        params = checked(text)
         # A URL is masked whole: unlike in free text, its password may hold quotes.
         shown = _mask_url(text) if text.startswith(_URI_PREFIXES) else mask(text)
         if "sslmode" not in params:
@@ -97,6 +87,23 @@ class Target:
     def is_pgbouncer(self) -> bool:
         """True when the target is pgBouncer's admin console."""
         return self.dbname == PGBOUNCER_DATABASE
+
+
+def checked(text: str) -> dict[str, str]:
+    """libpq's reading of ``text``; TargetError, quoting none of it, when libpq cannot
+    read it or reads a URL in a way no real target is written (a misplaced password)."""
+    try:
+        params = _read(text)
+    except TargetError as exc:
+        hint = _URI_HINT if text.startswith(_URI_PREFIXES) else _KEYWORD_HINT
+        raise TargetError(f"libpq cannot read the target URL ({exc}); {hint}") from None
+    doubt = _implausible(params) if text.startswith(_URI_PREFIXES) else None
+    if doubt is not None:  # a password libpq took for a host, port or database
+        raise TargetError(
+            f"libpq reads the target URL with {doubt}: the password (or user name) "
+            f"likely holds an unencoded '/' or '@'; {_URI_HINT}"
+        )
+    return params
 
 
 def _implausible(params: dict[str, str]) -> str | None:

@@ -209,6 +209,19 @@ def test_too_many_targets_are_refused_before_any_is_read(tmp_path: Path) -> None
     assert f"at most {MAX_TARGETS} may be declared" in message
 
 
+def test_the_most_targets_load_with_six_labels_each(tmp_path: Path) -> None:
+    """10 000 targets with 6 labels each (190 000 YAML values) once hit the collector
+    file's 100 000-value limit: the documented maximum holds with options (issue 25)."""
+    labels = "{{cluster: c{0}, region: eu, zone: eu-1a, role: primary, team: t, env: prod}}"
+    entries = "".join(
+        f"  - name: t{i}\n    url: postgresql://h{i}/db\n    labels: {labels.format(i)}\n"
+        for i in range(MAX_TARGETS)
+    )
+    declared = load_targets(_write(tmp_path, "targets:\n" + entries), BASE, {})
+    assert len(declared.targets) == MAX_TARGETS
+    assert dict(declared.targets[-1].settings.const_labels)["cluster"] == f"c{MAX_TARGETS - 1}"
+
+
 def test_yaml_limits_of_the_collector_loader_apply(tmp_path: Path) -> None:
     """An alias bomb is refused as in a collector file, quickly and without memory blow-up."""
     bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
