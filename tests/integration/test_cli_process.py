@@ -133,3 +133,63 @@ def test_systemd_socket_without_sockets_exits_1(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "systemd passed no socket" in result.stderr.decode()
+
+
+def _start_and_exit(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The exporter as a process that must stop at start, within 30 s (else it hangs)."""
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", "-c", str(COLLECTORS),
+         "--web.listen-address", f"127.0.0.1:{free_port()}", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_a_url_with_an_unencoded_slash_in_its_password_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    """libpq reads u:Ab3/Pw@host as host u, port Ab3: refused with the encoding advice,
+    the password in no line (it once reached datname, /targets and the start-up log)."""
+    url = "postgresql://monitor:Ab3/Zq9Pw@127.0.0.1/postgres"
+    done = _start_and_exit(tmp_path, "-u", url)
+    assert done.returncode == 1, done.stderr
+    assert "libpq reads the target URL with a port that is not a number" in done.stderr
+    assert "/ as %2F" in done.stderr
+    assert "Zq9" not in done.stderr
+    assert "Ab3" not in done.stderr
+    targets = tmp_path / "targets.yml"
+    targets.write_text(f"targets:\n  - name: a\n    url: {url}\n")
+    done = _start_and_exit(tmp_path, "--targets.file", str(targets))
+    assert done.returncode == 2, done.stderr
+    assert "targets[0](a).url: libpq reads the target URL with a port" in done.stderr
+    assert "Zq9" not in done.stderr
+    assert "Ab3" not in done.stderr
+
+
+def test_a_fifo_as_secret_file_stops_the_start_with_a_reason(tmp_path: Path) -> None:
+    """$PG_EXPORTER_URL_FILE or a password_file that is a FIFO: the exporter once hung
+    silently at start; now it exits with one line naming the file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = _start_and_exit(tmp_path, env={"PG_EXPORTER_URL_FILE": str(fifo)})
+    assert done.returncode == 1
+    assert f"$PG_EXPORTER_URL_FILE '{fifo}': it is a FIFO, not a regular file" in done.stderr
+    targets = tmp_path / "targets.yml"
+    targets.write_text(
+        f"targets:\n  - name: a\n    url: postgresql:///x\n    password_file: {fifo}\n"
+    )
+    done = _start_and_exit(tmp_path, "--targets.file", str(targets))
+    assert done.returncode == 2
+    assert "targets[0](a).password_file: cannot read" in done.stderr
+
+
+def test_a_bcrypt_cost_of_31_is_refused_at_start(tmp_path: Path) -> None:
+    """A $2b$31$ hash (a day a check) once loaded silently, then locked logins out and
+    kept SIGTERM waiting: refused at start, naming the user and the limit."""
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  alice: $2b$31$" + "a" * 53 + "\n")
+    done = _start_and_exit(tmp_path, "-u", "postgresql:///x", "--web.config.file", str(web))
+    assert done.returncode == 1
+    assert "basic_auth_users.alice: the bcrypt cost is 31, above the 14" in done.stderr
