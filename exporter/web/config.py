@@ -23,6 +23,7 @@ import yaml
 
 from exporter.errors import UsageError
 from exporter.files import FileRefused, read_regular
+from exporter.target import mask
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,9 @@ class _Doc:
         self.directory = os.path.dirname(os.path.abspath(path))
 
     def error(self, where: str, reason: str) -> UsageError:
-        """A one-line error naming the file and the field."""
-        return UsageError(f"web config {self.path}: {where + ': ' if where else ''}{reason}")
+        """A one-line error naming the file and the field; a URL or hash in it masked."""
+        text = mask(f"{where + ': ' if where else ''}{reason}")
+        return UsageError(f"web config {self.path}: {text}")
 
     def parse(self) -> Any:
         """The document with every scalar kept as text, as Go's typed parser sees it."""

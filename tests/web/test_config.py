@@ -309,3 +309,16 @@ def test_bcrypt_cost_14_is_accepted(tmp_path: Path) -> None:
     hashed = f"$2b$14${HASH[7:]}"
     users = load_web_config(write(tmp_path, f"basic_auth_users:\n  alice: {hashed}\n")).users
     assert users["alice"] == hashed.encode()
+
+
+def test_a_hash_or_url_in_a_refused_value_is_masked(tmp_path: Path) -> None:
+    """A hash pasted where a user name belongs, a URL as a header value: never quoted."""
+    hashed = "$2y$10$" + "Zq9" * 17 + "ab"
+    message = refusal(tmp_path, f'basic_auth_users:\n  "{hashed}": x\n')
+    assert "Zq9" not in message
+    message = refusal(
+        tmp_path,
+        'http_server_config:\n  headers:\n    X-Frame-Options: "postgresql://u:Zq9@h/db"\n',
+    )
+    assert "must be one of deny, sameorigin" in message
+    assert "Zq9" not in message
