@@ -2,8 +2,9 @@
 
 Each member has what a single-target exporter has: its own exporter (passes one at
 a time, caches, plans, connection budget, breaker), admission (two scrapes), self-
-metrics and health probe. What they share is the process and the fleet's ceiling on
-targets collected at once (:class:`~exporter.gate.Gate`).
+metrics and health probe. What they share is the process, the fleet's ceiling on
+targets collected at once (:class:`~exporter.gate.Gate`) and its ceilings on health
+probes (:class:`~exporter.web.probeslots.ProbeSlots`).
 
 A request reaches a member only by a declared name (``?target=NAME``); nothing in a
 request becomes a URL, host or credential.
@@ -27,7 +28,8 @@ from exporter.gate import Gate
 from exporter.logs import TARGET
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
-from exporter.web.probe import HealthProbe
+from exporter.web.probe import HealthProbe, HealthSnapshot
+from exporter.web.probeslots import DEFAULT_MAX_PROBES, YIELD_AFTER, CeilingReached, ProbeSlots
 from exporter.web.state import State
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ HEALTH_IDLE = 300.0  # seconds
 CONNECTIONS_IDLE = 300.0  # seconds
 JANITOR_PERIOD = 60.0  # seconds between two looks for idle connections
 FIRST_PROBE_MARGIN = 0.05  # seconds, beyond the connect timeout, for a probe's first answer
+CEILING_LOG_PERIOD = 60.0  # seconds between two warnings that the probe ceiling refused one
 
 
 @dataclass(slots=True)
@@ -53,8 +56,10 @@ class Member:
     declared: DeclaredTarget
     state: State
     probe: HealthProbe
+    slots: ProbeSlots  # the fleet's probe places; this target's is given back on idling out
     asked_at: float = 0.0  # the event loop's time of the last health request
     _probing: asyncio.Task[None] | None = field(default=None, repr=False)
+    _stopping: asyncio.Task[None] | None = field(default=None, repr=False)  # displaced
 
     def __post_init__(self) -> None:
         self.state.exporter.recovery_seen = self.probe.recovery_seen
@@ -71,7 +76,8 @@ class Member:
         return self._probing is not None and not self._probing.done()
 
     async def health(self) -> HealthProbe:
-        """The health probe, started by the first health request in a while.
+        """The health probe, started by the first health request in a while (the target
+        holds a probe place: :meth:`Fleet.health` saw to it).
 
         Requests that come before its first answer wait for it, at most the connect
         timeout (which also bounds the probe), so they do not answer ``unknown``
@@ -79,6 +85,9 @@ class Member:
         """
         loop = asyncio.get_running_loop()
         self.asked_at = loop.time()
+        if self._stopping is not None:  # displaced a moment ago: let it close its connection
+            await asyncio.wait({self._stopping})
+            self._stopping = None
         if not self.probing:
             token = TARGET.set(self.name)  # the probe task copies the context it starts in
             try:
@@ -98,16 +107,27 @@ class Member:
         loop = asyncio.get_running_loop()
         try:
             await self.probe.run(until=lambda: loop.time() - self.asked_at > HEALTH_IDLE)
+            self.slots.leave(self.name)  # before anything else runs: the place is free
             log.info("health probe stopped: no health request for %gs", HEALTH_IDLE)
         finally:
             await self.probe.close()
 
+    def displace(self) -> None:
+        """Stop the probe, whose place went to another target's (nobody asked about this
+        one for a while); its connection closes as it ends."""
+        if self._probing is not None and self.probing:
+            self._probing.cancel()
+            self._stopping, self._probing = self._probing, None
+            log.info("health probe stopped: its place went to another target's",
+                     extra={"target": self.name})  # fmt: skip
+
     async def close(self) -> None:
         """Stop the probe, let a pass in flight end, close every connection."""
-        if self._probing is not None:
-            self._probing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probing
+        for task in (self._probing, self._stopping):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.probe.close()
         await self.state.exporter.close()
 
@@ -120,12 +140,41 @@ class Fleet:
         self.declared = declared
         self.definitions = definitions
         self.gate = Gate(settings.max_concurrent_targets)
+        self.probes = ProbeSlots(DEFAULT_MAX_PROBES, idle=YIELD_AFTER)
         self.members: dict[str, Member] = {}
         self._janitor: asyncio.Task[None] | None = None
+        self._ceiling_logged = float("-inf")
 
     def member(self, name: str) -> Member | None:
         """The member declared as ``name``, or None."""
         return self.members.get(name)
+
+    async def health(self, member: Member) -> HealthSnapshot | None:
+        """What a routing request for ``member`` answers from: its probe's snapshot, the
+        probe started if need be within the fleet's probe ceilings; None when every place
+        is held by a target asked about recently (the request is answered "not probed",
+        and no other target's probe is touched)."""
+        now = asyncio.get_running_loop().time()
+        try:
+            displaced = self.probes.ask(member.name, now)
+        except CeilingReached:
+            self._ceiling_reached(now)
+            return None
+        if displaced is not None and (other := self.members.get(displaced)) is not None:
+            other.displace()
+        return (await member.health()).current()
+
+    def _ceiling_reached(self, now: float) -> None:
+        if now - self._ceiling_logged < CEILING_LOG_PERIOD:
+            return
+        self._ceiling_logged = now
+        log.warning(
+            "health probe ceiling reached: %d targets are probed, each asked about within "
+            '%gs; health requests for other targets are answered 503 "not probed"',
+            self.probes.limit,
+            self.probes.idle,
+            extra={"refused": self.probes.refused},
+        )
 
     def start(self) -> None:
         """Create every declared member (none connects until it is asked about), and
@@ -143,9 +192,12 @@ class Fleet:
             selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
         )
         probe = HealthProbe(
-            settings.target.conninfo, settings.connect_timeout, pgbouncer=settings.is_pgbouncer
+            settings.target.conninfo,
+            settings.connect_timeout,
+            pgbouncer=settings.is_pgbouncer,
+            connecting=self.probes.connecting,
         )
-        self.members[target.name] = Member(target, state, probe)
+        self.members[target.name] = Member(target, state, probe, self.probes)
 
     async def _release_idle(self) -> None:
         """Every JANITOR_PERIOD, close the connections of targets no pass has collected
@@ -186,6 +238,8 @@ class Fleet:
         gone = [m for name, m in self.members.items() if wanted.get(name) != m.declared]
         for member in gone:
             del self.members[member.name]
+            if member.name not in wanted:
+                self.probes.leave(member.name)
         added = [t for name, t in wanted.items() if name not in self.members]
         for target in added:
             self._add(target)

@@ -17,6 +17,7 @@ from aiohttp import web
 from exporter.settings import Settings
 from exporter.web.fleet import FLEET, member_for
 from exporter.web.probe import PROBE_INTERVAL, HealthProbe, Status
+from exporter.web.probeslots import NOT_PROBED
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 
@@ -67,8 +68,13 @@ def health_handler(
     """The handler of a routing endpoint: it reads the probe's snapshot, never the database."""
 
     async def handler(request: web.Request) -> web.Response:
-        probe = await member_for(request).health() if FLEET in request.app else request.app[key]
-        status = probe.current().status
+        if FLEET in request.app:
+            snapshot = await request.app[FLEET].health(member_for(request))
+            if snapshot is None:  # the probe ceiling: an honest "not probed", never "down"
+                return web.Response(status=503, text=NOT_PROBED, headers=_HEADERS)
+        else:
+            snapshot = request.app[key].current()
+        status = snapshot.status
         return web.Response(status=answer(want, status), text=status.value, headers=_HEADERS)
 
     return handler

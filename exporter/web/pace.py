@@ -7,7 +7,9 @@ slow answer, or a hint from outside (the probe's idle connection closing, a scra
 that saw another role). It ends after ``settle`` steady readings in a row; a reading
 the target cannot stay in keeps it going only for that reading's ``hold`` (the prober
 says how long a server down or a replica without upstream deserves), so a long
-outage costs no more than the slow pace.
+outage costs no more than the slow pace. Such a reading as the very first one starts
+no spell: nothing was seen to change, and in a fleet a client naming unreachable
+targets would otherwise buy ten connection attempts a second for each (issue 25).
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class Pace:
             self.spell.probes += 1
             self.spell.answered += answered
         if reading != self._last:
-            before = "start" if self._last is None else self._last
-            self.suggest(f"{before} -> {reading}", now, hold)
+            if self._last is not None or hold is None:
+                before = "start" if self._last is None else self._last
+                self.suggest(f"{before} -> {reading}", now, hold)
         elif took > SLOW_ANSWER:
             self.suggest(f"an answer took {took:.2f}s", now, hold)
         elif hold is None:

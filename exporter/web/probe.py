@@ -11,6 +11,7 @@ when it ends it, so a shutdown or a crash wakes it at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import logging
@@ -53,6 +54,11 @@ PROBE_SQL = (
 # libpq reports no SQLSTATE when the server refuses a connection, so 57P03 is
 # recognised by the server's (English) message; every 57P03 text starts like this.
 CANNOT_CONNECT_NOW = "57P03"
+# A deadline the event loop reached this much late is the loop's fault, not the server's:
+# busy elsewhere, it may have left an answer unread (issue 25). Timers are on time to a
+# millisecond or two on an idle loop.
+LOOP_LATE = 0.05  # seconds
+_UNHEARD = "the exporter was too busy to hear the answer in time"
 _CANNOT_CONNECT_NOW_TEXT = "the database system is "
 
 
@@ -125,6 +131,7 @@ class HealthProbe:
         pgbouncer: bool = False,
         clock: Callable[[], float] = time.monotonic,
         connector: Connector = postgres.connect,
+        connecting: asyncio.Semaphore | None = None,
     ) -> None:
         if connect_timeout <= 0 or interval <= 0 or fast_interval <= 0:
             raise ValueError("connect_timeout and the intervals must be positive")
@@ -139,6 +146,9 @@ class HealthProbe:
         self._conninfo = postgres.conninfo_for(url, None, connect_timeout)
         self._clock = clock
         self._connector = connector
+        self.connecting = connecting  # places for opening a connection, shared by a fleet
+        self.late_streak = 0  # probes in a row whose deadline the loop reached late
+        self.late_probes = 0  # such probes in all
         self._conn: Conn | None = None
         self.logins: Logins | None = None  # the target's, shared with its passes
         self._wake = asyncio.Event()  # set when something suggests probing now
@@ -179,29 +189,79 @@ class HealthProbe:
             await self.probe_once()
             if until is not None and until():
                 return
-            await self._pause(self.pace.interval(self._clock()) - (loop.time() - started))
+            interval = self.pace.fast if self.late_streak else self.pace.interval(self._clock())
+            await self._pause(interval - (loop.time() - started))
 
     async def probe_once(self) -> HealthSnapshot:
-        """Ask the target once, within the connect timeout, and publish the outcome."""
+        """Ask the target once, within the connect timeout, and publish the outcome.
+
+        A probe that must open a connection first takes a connecting place (a fleet
+        bounds them), before its deadline starts: waiting is not the server's fault.
+        """
         self._wake.clear()  # a suggestion from here on calls for another probe
+        async with self._connecting_place():
+            return await self._probe()
+
+    def _connecting_place(self) -> contextlib.AbstractAsyncContextManager[object]:
+        if self.connecting is None or self._idle_socket() is not None:
+            return contextlib.nullcontext()
+        return self.connecting
+
+    async def _probe(self) -> HealthSnapshot:
         started = self._clock()
         task = asyncio.create_task(self._ask(), name="health probe query")
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.connect_timeout)
-            if task in done:
+            heard = await self._await_answer(task)
+            if task.done():
                 reading, error = _outcome(task)
             else:
                 reading, error = Reading(Status.DOWN), f"no answer within {self.connect_timeout:g}s"
-            self.reading = reading
-            self._publish(reading.status, error)
+            if reading.status is Status.DOWN and not heard:
+                self._unheard()
+            else:
+                self.late_streak = 0
+                self.reading = reading
+                self._publish(reading.status, error)
+                self._pace(reading, took=self._clock() - started)
             self.probed.set()
-            self._pace(reading, took=self._clock() - started)
         finally:
             if not task.done():
                 await _abandon(task)
             elif not task.cancelled():
                 task.exception()  # cancelled meanwhile: its outcome is dropped, not reported
         return self.snapshot
+
+    async def _await_answer(self, task: asyncio.Task[Reading]) -> bool:
+        """Wait for the probe's answer within the connect timeout; False when the event
+        loop reached the deadline late, so that a missing answer or a timeout proves
+        nothing about the server (the loop, busy elsewhere, may not have read it).
+
+        A deadline reached late is given once more: the answer may be waiting to be read.
+        The second one, reached on time with still no answer, is the server's silence.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.connect_timeout
+        await asyncio.wait({task}, timeout=self.connect_timeout)
+        if loop.time() - deadline <= LOOP_LATE:
+            return True
+        if task.done():
+            return False
+        deadline = loop.time() + self.connect_timeout
+        await asyncio.wait({task}, timeout=self.connect_timeout)
+        return not task.done() and loop.time() - deadline <= LOOP_LATE
+
+    def _unheard(self) -> None:
+        """The loop was late at the deadline: no reading. The last snapshot stands
+        (:meth:`current` turns it UNKNOWN once too old) and the next probe comes soon."""
+        self.late_streak += 1
+        self.late_probes += 1
+        if self.late_streak == 1:
+            log.warning(
+                "health probe's deadline passed while the exporter was busy elsewhere; "
+                "no reading taken, probing again (%gs)", self.pace.fast
+            )  # fmt: skip
+        if self.snapshot.status is Status.UNKNOWN:
+            self.snapshot = HealthSnapshot(Status.UNKNOWN, self._clock(), _UNHEARD)
 
     async def _pause(self, seconds: float) -> None:
         """Wait ``seconds``, or less when a suggestion comes or the idle connection stirs.

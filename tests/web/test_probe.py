@@ -365,3 +365,117 @@ async def test_the_server_writing_to_the_idle_connection_wakes_the_probe() -> No
             await task
         ours.close()
         server.close()
+
+
+class _SlowReader(_FakeConn):
+    """Answers after a short wait and a few more turns of the loop, as psycopg does when
+    it reads an answer: each turn is a loop iteration a busy loop may not give in time."""
+
+    async def execute(self, sql: str, prepare: bool = False) -> _FakeConn:
+        self.queries += 1
+        await asyncio.sleep(0.01)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return self
+
+
+async def test_a_deadline_the_busy_loop_reached_late_records_no_down() -> None:
+    """The loop, blocked past the probe's deadline (a page built on it, say), leaves the
+    answer unread: that is no evidence that the server is down. The probe gives the answer
+    a second deadline and reads it; nothing says 'down' (issue 25)."""
+    loop = asyncio.get_running_loop()
+    conn = _SlowReader([(False, None)])
+    probe = HealthProbe(URL, 0.1, connector=_connector(conn))
+    assert (await probe.probe_once()).status is Status.PRIMARY
+    loop.call_later(0.005, time.sleep, 0.3)  # blocks the loop across the deadline
+    snapshot = await probe.probe_once()
+    assert snapshot.status is Status.PRIMARY, snapshot
+    assert probe.late_streak == 0
+
+
+async def test_a_probe_the_loop_kept_from_hearing_keeps_the_last_reading(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """If the loop was late at both deadlines, the probe takes no reading: the last
+    snapshot stands (current() turns it UNKNOWN once too old), a first probe stays
+    UNKNOWN with the reason, and the next probe comes at the fast interval."""
+    loop = asyncio.get_running_loop()
+
+    async def hung(conninfo: str, seconds: float) -> Conn:
+        await asyncio.sleep(30)
+        raise AssertionError("not reached")
+
+    def block_twice() -> None:
+        time.sleep(0.3)  # late at the first deadline
+        loop.call_later(0.02, time.sleep, 0.3)  # and at the second, which starts just now
+
+    probe = HealthProbe(URL, 0.1, connector=hung)
+    loop.call_later(0.005, block_twice)
+    snapshot = await probe.probe_once()
+    assert snapshot.status is Status.UNKNOWN
+    assert "too busy" in snapshot.error
+    assert probe.late_streak == 1
+    assert "busy elsewhere" in caplog.text
+
+
+async def test_a_silent_server_is_down_once_the_loop_listens_on_time() -> None:
+    """A probe of a silent server that the blocked loop made late reads nothing; the next
+    one, with the loop listening for a whole connect timeout, reads DOWN."""
+    loop = asyncio.get_running_loop()
+    async with _listener(_never_answer) as url:
+        probe = HealthProbe(url, 0.2)
+        loop.call_later(0.05, time.sleep, 0.3)
+        assert (await probe.probe_once()).status is Status.UNKNOWN
+        snapshot = await probe.probe_once()
+    assert snapshot.status is Status.DOWN
+    assert "0.2s" in snapshot.error
+    assert probe.late_streak == 0
+
+
+async def test_a_first_reading_of_down_is_probed_at_the_slow_pace() -> None:
+    """A probe that starts against a server already down saw nothing change: it asks at
+    the slow pace, so naming unreachable targets costs one attempt a second each, not
+    ten (issue 25); a change to down still quickens it."""
+    probe = HealthProbe(URL, 1.0)  # port 1: refused
+    await probe.probe_once()
+    assert probe.snapshot.status is Status.DOWN
+    assert probe.pace.interval(time.monotonic()) == probe.interval
+    conn = _FakeConn([(False, None)])
+    up_then_down = HealthProbe(URL, 1.0, connector=_connector(conn))
+    for _ in range(4):
+        await up_then_down.probe_once()
+    conn.closed = True
+
+    async def refused(conninfo: str, seconds: float) -> Conn:
+        raise psycopg.OperationalError("Connection refused")
+
+    up_then_down._connector = refused
+    await up_then_down.probe_once()
+    assert up_then_down.snapshot.status is Status.DOWN
+    assert up_then_down.pace.interval(time.monotonic()) == FAST_INTERVAL
+
+
+async def test_a_probe_that_must_connect_waits_for_a_place_outside_its_deadline() -> None:
+    """With every connecting place taken, a probe that needs a connection waits for one
+    before its deadline starts (the wait is not the server's silence); a probe on its
+    kept connection needs no place."""
+    places = asyncio.Semaphore(1)
+    conn = _FakeConn([(False, None)])
+    dialled = 0
+
+    async def connect(conninfo: str, seconds: float) -> Conn:
+        nonlocal dialled
+        dialled += 1
+        return cast(Conn, conn)
+
+    probe = HealthProbe(URL, 0.1, connector=connect, connecting=places)
+    await places.acquire()
+    waiting = asyncio.create_task(probe.probe_once())
+    await asyncio.sleep(0.3)  # three connect timeouts: the probe must still be waiting
+    assert not waiting.done()
+    assert (dialled, probe.snapshot.status) == (0, Status.UNKNOWN)
+    places.release()
+    assert (await asyncio.wait_for(waiting, 5.0)).status is Status.PRIMARY
+    await places.acquire()  # every place taken again
+    assert (await asyncio.wait_for(probe.probe_once(), 5.0)).status is Status.PRIMARY
+    assert dialled == 1
