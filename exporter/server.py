@@ -427,7 +427,7 @@ class Server:
         return collector.timeout
 
     async def _query(self, conn: Conn, collector: Collector) -> SampleBuilder | _Skipped | None:
-        """Predicates then the main query in one read-only transaction (B13, D1).
+        """Predicates then the main query, read only under the collector's limits (B13, D1).
 
         Rows are converted as they stream in, so a result over the series cap is
         cancelled in the server instead of being read whole (D9). None: no rows.
