@@ -103,13 +103,14 @@ def _prepare(cluster: LocalCluster) -> None:
 
 
 def _pgbench(cluster: LocalCluster) -> None:
-    """A little pgbench traffic in DB, so pg_stat_statements and the table statistics
-    hold what an application leaves there (tables created once per cluster)."""
-    pgbench, dsn = str(cluster.client_bindir / "pgbench"), cluster.dsn(dbname=DB)
+    """Once per cluster, a little pgbench traffic in DB, so pg_stat_statements and the
+    table statistics hold what an application leaves there."""
     tables = "SELECT count(*) FROM pg_tables WHERE tablename = 'pgbench_accounts'"
-    if cluster.psql(tables, dbname=DB).strip() == "0":
-        subprocess.run([pgbench, "-i", "-q", "-s", "1", dsn], capture_output=True, check=True)
-    subprocess.run([pgbench, "-n", "-c", "2", "-t", "20", dsn], capture_output=True, check=True)
+    if cluster.psql(tables, dbname=DB).strip() != "0":
+        return
+    pgbench, dsn = str(cluster.client_bindir / "pgbench"), cluster.dsn(dbname=DB)
+    subprocess.run([pgbench, "-i", "-q", "-s", "1", dsn], capture_output=True, check=True)
+    subprocess.run([pgbench, "-n", "-c", "2", "-t", "50", dsn], capture_output=True, check=True)
 
 
 def _definitions(*, unskip: bool = False) -> Definitions:
