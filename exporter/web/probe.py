@@ -189,8 +189,15 @@ class HealthProbe:
             await self.probe_once()
             if until is not None and until():
                 return
-            interval = self.pace.fast if self.late_streak else self.pace.interval(self._clock())
-            await self._pause(interval - (loop.time() - started))
+            await self._pause(self.next_interval() - (loop.time() - started))
+
+    def next_interval(self) -> float:
+        """Seconds from this probe's start to the next one's: the pace's, or the fast
+        interval once after a probe the busy loop kept from hearing (only once: a loop
+        that stays busy must not be given ten probes a second more)."""
+        if self.late_streak == 1:
+            return self.pace.fast
+        return self.pace.interval(self._clock())
 
     async def probe_once(self) -> HealthSnapshot:
         """Ask the target once, within the connect timeout, and publish the outcome.
@@ -252,7 +259,8 @@ class HealthProbe:
 
     def _unheard(self) -> None:
         """The loop was late at the deadline: no reading. The last snapshot stands
-        (:meth:`current` turns it UNKNOWN once too old) and the next probe comes soon."""
+        (:meth:`current` turns it UNKNOWN once too old) and the next probe comes soon
+        (:meth:`next_interval`)."""
         self.late_streak += 1
         self.late_probes += 1
         if self.late_streak == 1:

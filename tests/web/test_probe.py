@@ -416,6 +416,9 @@ async def test_a_probe_the_loop_kept_from_hearing_keeps_the_last_reading(
     assert "too busy" in snapshot.error
     assert probe.late_streak == 1
     assert "busy elsewhere" in caplog.text
+    assert probe.next_interval() == probe.pace.fast  # asks again soon, once
+    probe.late_streak = 2
+    assert probe.next_interval() == probe.pace.interval(time.monotonic())
 
 
 async def test_a_silent_server_is_down_once_the_loop_listens_on_time() -> None:
