@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,3 +145,132 @@ def test_checks_see_what_they_look_for() -> None:
     assert slug("Reading `/explain` and `/stat`") == "reading-explain-and-stat"
     links = list(broken_links("docs/README.md", "[a](nowhere.md) [b](../../x) [c](security.md#no)"))
     assert len(links) == 3
+
+
+# --- docs/switching.md: every name it gives the operator is one the product has ---------
+
+SWITCHING = DOCS / "switching.md"
+TICKED = re.compile(r"`([^`\n]+)`")
+# Spelt wrong on purpose: the page shows what an unknown flag answers.
+MISSPELT_FLAG = "web.listen-adress"
+# Directories of the host (systemd's, the distribution's), not of our packages.
+HOST_PATHS = ("/home", "/tmp", "/run/postgresql", "/etc/systemd/system/")
+# A command line of another program, whose flags are not ours.
+OTHER_COMMANDS = re.compile(r"`(?:apt-get|dnf|systemctl|curl) [^`]*`")
+
+
+def switching_ticked() -> list[str]:
+    return TICKED.findall(SWITCHING.read_text())
+
+
+def test_switching_is_linked_from_both_indexes() -> None:
+    """The README's docs list and the docs index both lead to the switching page."""
+    assert "](docs/switching.md)" in (ROOT / "README.md").read_text()
+    assert "](switching.md)" in (DOCS / "README.md").read_text()
+
+
+def test_switching_names_only_real_flags_and_variables() -> None:
+    """Every flag and PG_EXPORTER_* variable the page names exists, and its example of
+    an unknown flag is unknown."""
+    from exporter.flags import BY_LONG, FLAGS
+
+    text = re.sub(OTHER_COMMANDS, "", SWITCHING.read_text())
+    named = set(re.findall(r"--([a-z][a-z0-9.-]*[a-z0-9])", text)) - {MISSPELT_FLAG}
+    assert named
+    assert named <= set(BY_LONG)
+    assert MISSPELT_FLAG not in BY_LONG
+    variables = {f.env for f in FLAGS if f.env} | {
+        "PG_EXPORTER_URL",
+        "PG_EXPORTER_URL_FILE",
+        "PG_EXPORTER_OPTS",
+    }
+    assert set(re.findall(r"PG_EXPORTER_[A-Z_]*[A-Z]", text)) <= variables
+
+
+def test_switching_lists_exactly_our_own_flags() -> None:
+    """The page's list of flags of our own is the README flag table's rows marked ours."""
+    ours_in_readme = {
+        row.split("`")[1]
+        for row in (ROOT / "README.md").read_text().splitlines()
+        if row.startswith("| `--") and "ours" in row.rsplit("|", 2)[1]
+    }
+    paragraph = SWITCHING.read_text().split("Flags of our own")[1].split("- [ ]")[0]
+    assert set(re.findall(r"`(--[a-z.-]+)`", paragraph)) == ours_in_readme
+    assert len(ours_in_readme) == 8
+
+
+def test_switching_names_only_real_routes() -> None:
+    """Every HTTP path the page names is served, and the health paths are fifteen."""
+    from exporter.web.health import HEALTH_PATHS
+    from exporter.web.routes import ROUTES
+
+    served = {route.path for route in ROUTES} | {"/", "/metrics"}
+    text = SWITCHING.read_text()
+    named = {t for t in switching_ticked() if re.fullmatch(r"/[a-z-]*", t)}
+    named |= set(re.findall(r"localhost:9630(/[a-z-]*)", text))
+    assert named - set(HOST_PATHS) <= served
+    assert "/alive" in named
+    assert len(HEALTH_PATHS) == 15
+    assert "fifteen health" in text
+
+
+def test_switching_names_only_installed_files() -> None:
+    """Every file of the host the page names is one the packages install or the config
+    lookup reads; every repository path it names exists."""
+    from exporter.settings import CONFIG_CANDIDATES
+
+    installed = (ROOT / "packaging" / "nfpm.yaml").read_text() + " ".join(CONFIG_CANDIDATES)
+    for token in switching_ticked():
+        path = token.split()[0]
+        if path.startswith(("/etc/", "/usr/", "/run/")) and path not in HOST_PATHS:
+            assert path.rstrip("/") in installed, path
+        if path.startswith(("exporter/", "tests/", "monitoring/", "packaging/", "collectors/")):
+            assert (ROOT / path).exists(), path
+
+
+def test_switching_quotes_the_unit_and_env_file_as_shipped() -> None:
+    """A ``Key=value`` setting the page quotes is a line of the unit or the env file."""
+    shipped = set(
+        (ROOT / "packaging" / "pg_exporter.service").read_text().splitlines()
+        + (ROOT / "packaging" / "pg_exporter.default").read_text().splitlines()
+    )
+    quoted = [t for t in switching_ticked() if re.fullmatch(r"[A-Z][A-Za-z_]+=\S.*", t)]
+    assert len(quoted) >= 5
+    assert [q for q in quoted if q not in shipped] == []
+
+
+def test_switching_states_the_defaults_in_force() -> None:
+    """The limits the page quotes are the defaults the exporter runs with."""
+    from exporter import settings
+
+    def spaced(n: int) -> str:
+        return f"{n:,}".replace(",", " ")
+
+    text = " ".join(SWITCHING.read_text().split())
+    assert f"`--max-series` series ({spaced(settings.DEFAULT_MAX_SERIES)})" in text
+    assert f"`--max-total-series` ({spaced(settings.DEFAULT_MAX_TOTAL_SERIES)})" in text
+    assert f"`--backoff-ceiling` ({settings.DEFAULT_BACKOFF_CEILING:g} s)" in text
+    assert f"`--max-connections` ({settings.DEFAULT_MAX_CONNECTIONS} by default)" in text
+
+
+def test_fleet_page_shows_the_error_the_exporter_gives() -> None:
+    """The targets-file problem fleet.md quotes for max_connections is the exporter's."""
+    example = next(
+        line
+        for line in (DOCS / "fleet.md").read_text().splitlines()
+        if line.startswith("targets.yml:") and ".max_connections:" in line
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "targets.yml").write_text(
+            "targets:\n"
+            "  - {name: orders-primary, url: 'postgresql://monitor@127.0.0.1:1/postgres'}\n"
+            "  - {name: orders-replica, url: 'postgresql://monitor@127.0.0.1:1/postgres',\n"
+            "     max_connections: 1}\n"
+        )
+        run = subprocess.run(
+            [sys.executable, "-m", "exporter", "--targets.file", "targets.yml",
+             "--config", str(ROOT / "collectors"), "--web.listen-address", "127.0.0.1:0"],
+            cwd=tmp, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert run.returncode == 2
+    assert example in [line.strip() for line in run.stderr.splitlines()]
