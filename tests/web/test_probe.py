@@ -15,7 +15,7 @@ from typing import cast
 import psycopg
 import pytest
 
-from exporter.web.pace import FAST_INTERVAL
+from exporter.web.pace import FAST_INTERVAL, SLOW_ANSWER
 from exporter.web.probe import (
     NO_UPSTREAM_HOLD,
     OUTAGE_HOLD,
@@ -482,3 +482,53 @@ async def test_a_probe_that_must_connect_waits_for_a_place_outside_its_deadline(
     await places.acquire()  # every place taken again
     assert (await asyncio.wait_for(probe.probe_once(), 5.0)).status is Status.PRIMARY
     assert dialled == 1
+
+
+class _Sluggish(_FakeConn):
+    """Answers after ``seconds`` (the server takes its time)."""
+
+    def __init__(self, rows: list[tuple[object, ...]], seconds: float) -> None:
+        super().__init__(rows)
+        self.seconds = seconds
+
+    async def execute(self, sql: str, prepare: bool = False) -> _FakeConn:
+        self.queries += 1
+        await asyncio.sleep(self.seconds)
+        return self
+
+
+async def _steady_primary(probe: HealthProbe) -> None:
+    for _ in range(4):
+        await probe.probe_once()
+    assert not probe.pace.is_fast(time.monotonic())
+
+
+async def test_a_slow_answer_quickens_the_probe_only_when_the_loop_is_not_to_blame() -> None:
+    """An answer slower than SLOW_ANSWER from a server on an idle loop starts a fast spell;
+    the same slowness while the loop is busy at every turn does not: quickening every
+    probe of an overloaded exporter would only load it more (issue 25)."""
+    slow = _Sluggish([(False, None)], 0.0)
+    probe = HealthProbe(URL, 2.0, connector=_connector(slow))
+    await _steady_primary(probe)
+    slow.seconds = SLOW_ANSWER * 1.5
+    await probe.probe_once()
+    assert probe.pace.is_fast(time.monotonic())
+
+    busy = _SlowReader([(False, None)])
+    probe = HealthProbe(URL, 2.0, connector=_connector(busy))
+    await _steady_primary(probe)
+    loop = asyncio.get_running_loop()
+    done = False
+
+    def hog() -> None:  # a turn of 0.1 s, again and again: the loop is busy elsewhere
+        time.sleep(0.1)
+        if not done:
+            loop.call_soon(hog)
+
+    loop.call_soon(hog)
+    try:
+        snapshot = await probe.probe_once()
+    finally:
+        done = True
+    assert snapshot.status is Status.PRIMARY
+    assert not probe.pace.is_fast(time.monotonic())
