@@ -7,6 +7,7 @@ the caller gathers the facts on every pass and plans again whenever any changed
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ class ServerFacts:
     schemas: frozenset[str] = frozenset()
     is_main: bool = True  # the URL's own database; False for discovered ones
     pgbouncer: bool = False
+    # Why each collector runs in a read-only transaction of its own with SET LOCAL limits;
+    # "" when the limits are session settings (a direct connection, issue 22).
+    own_transaction: str = ""
 
     @property
     def product(self) -> str:
@@ -51,6 +55,9 @@ class Plan:
     facts: ServerFacts
     planned: tuple[Collector, ...]  # in (priority, key) order
     skipped: tuple[Skipped, ...]
+    # Planned branches whose SQL may change a session setting: under session limits, the
+    # limits are all sent again after each of them (issue 22).
+    unsettling: frozenset[str] = frozenset()
 
 
 def make_plan(definitions: Definitions, facts: ServerFacts, exporter_tags: Sequence[str]) -> Plan:
@@ -64,7 +71,22 @@ def make_plan(definitions: Definitions, facts: ServerFacts, exporter_tags: Seque
             planned.append(collector)
         else:
             skipped.append(Skipped(collector, reason))
-    return Plan(facts, tuple(planned), tuple(skipped))
+    unsettling = frozenset(c.key for c in planned if may_change_settings(c))
+    return Plan(facts, tuple(planned), tuple(skipped), unsettling)
+
+
+# Words of SQL that change a session setting, or run code that may (DO), or spell a name
+# in escapes a plain reading cannot see (U&"..."). Over-inclusive on purpose: a match in
+# a string or a comment costs one more statement of limits, a miss costs the limits.
+_SETTING_WORDS = re.compile(r"\b(?:set|reset|set_config|discard|do)\b|\bu&", re.IGNORECASE)
+
+
+def may_change_settings(collector: Collector) -> bool:
+    """Whether the branch's query or a predicate may change a session setting (SET, RESET,
+    set_config, DISCARD, a DO block): a reading of the text, which a function changing a
+    setting inside its body escapes (docs/database-safety.md, D1)."""
+    texts = (collector.query, *(p.sql for p in collector.predicates))
+    return any(_SETTING_WORDS.search(text) for text in texts)
 
 
 def skip_reason(collector: Collector, facts: ServerFacts, tags: frozenset[str]) -> str | None:
@@ -193,8 +215,17 @@ def _header(facts: ServerFacts) -> str:
     scope = "main database" if facts.is_main else "discovered database"
     return (
         f"server: datname={facts.datname} {facts.product} version={facts.version} "
-        f"{recovery}, {scope}, user={facts.username}"
+        f"{recovery}, {scope}, user={facts.username}\n{_limits_line(facts)}"
     )
+
+
+def _limits_line(facts: ServerFacts) -> str:
+    """How the collectors' limits are put in force on this server (D1, issue 22)."""
+    if facts.pgbouncer:
+        return "limits: none sent (pgBouncer's console has no settings, D4)"
+    if facts.own_transaction:
+        return f"limits: a read-only transaction per collector, because {facts.own_transaction}"
+    return "limits: session settings, sent when the next collector's differ (direct connection)"
 
 
 def _describe(collector: Collector) -> list[str]:
@@ -207,6 +238,8 @@ def _describe(collector: Collector) -> list[str]:
         f"tags [{tags}]"
     )
     sql = [f"      {line}".rstrip() for line in collector.query.strip().splitlines()]
+    if may_change_settings(collector):
+        head += "; its SQL may change a setting: all limits are sent again after it"
     return [head, *sql]
 
 

@@ -174,7 +174,20 @@ class Server:
                 len(self.plan.skipped),
                 extra={"datname": pre.facts.datname, "version": pre.facts.version},
             )
+        self._note_limits(pre.facts)
         self.facts = pre.facts
+
+    def _note_limits(self, facts: ServerFacts) -> None:
+        """Say once, per change, why collectors run in a transaction each (issue 22); the
+        discovered databases share the main one's endpoint, and /explain shows each."""
+        reason = facts.own_transaction
+        if self.is_main and reason and (self.facts is None or self.facts.own_transaction != reason):
+            log.info(
+                "each collector runs in a read-only transaction of its own with SET LOCAL "
+                "limits, not under session limits, because %s",
+                reason,
+                extra={"datname": facts.datname},
+            )
 
     def _note_unnamed(self, unnamed: tuple[str, ...]) -> None:
         """Warn once per change about databases discovery cannot reach: their names are not
@@ -412,6 +425,8 @@ class Server:
             else:  # nothing else bounds it, so it ends with its request (B12)
                 builder = await until_request_ends(self._query(conn, collector), budget)
         finally:
+            if self.plan is not None and collector.key in self.plan.unsettling:
+                self.session = None  # its SQL may have changed a limit: send them all again
             if not await postgres.settle(conn):
                 await self.disconnect()
         if builder is SKIPPED:
@@ -456,11 +471,12 @@ class Server:
     ) -> None:
         """Put the collector's limits in force (D1): as session settings, sent only where
         they differ from the last collector's, so that most collectors cost one round trip
-        (issue 22); where the server does not report its read-only default (before 14),
-        in a read-only transaction of the collector's own, as before."""
+        (issue 22); in a read-only transaction of the collector's own, as before, unless
+        the preflight proved the connection direct and the server reports its read-only
+        default (a pooler would hand our session settings to an application)."""
         assert self.facts is not None
         read_only = postgres.session_read_only(conn)
-        if read_only is None:
+        if read_only is None or self.facts.own_transaction:
             await postgres.begin(cur, collector, self.facts.version)
             return
         limits = postgres.Limits.of(collector.timeout, self.facts.version)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from exporter.definitions import Collector, Column, Definitions, Usage
-from exporter.planning import Plan, ServerFacts, explain_text, make_plan
+from exporter.definitions import Collector, Column, Definitions, Predicate, Usage
+from exporter.planning import Plan, ServerFacts, explain_text, make_plan, may_change_settings
 
 PRIMARY = ServerFacts(
     version=180006,
@@ -213,3 +213,74 @@ def test_explain_text_of_replica() -> None:
     text = explain_text(plan_one(branch("b"), REPLICA))
     assert text.splitlines()[0].count("in recovery") == 1
     assert "not in recovery" not in text
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT set_config('statement_timeout', '0', false) AS v",
+        "SELECT pg_catalog.SET_CONFIG('lock_timeout', '0', false) AS v",
+        "SELECT \"set_config\"('work_mem', '1MB', false) AS v",
+        "SET statement_timeout = 0; SELECT 1 AS v",
+        "reset lock_timeout",
+        "RESET ALL",
+        "DISCARD ALL",
+        "DO $$ BEGIN PERFORM 1; END $$",
+        "SELECT U&\"\\0073et_config\"('a', 'b', false) AS v",
+        "SELECT 1 AS v -- set nothing, but say so",
+        "UPDATE t SET x = 1 RETURNING 1 AS v",
+    ],
+)
+def test_sql_that_may_change_a_setting_is_flagged(sql: str) -> None:
+    """SET, RESET, set_config, DISCARD, DO and Unicode escapes are flagged in any case and
+    spelling, also in a comment or an UPDATE: over-inclusive by design (issue 22)."""
+    assert may_change_settings(branch("b", query=sql))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT name, setting, reset_val FROM pg_settings",
+        "SELECT count(*) AS v FROM pg_stat_activity WHERE state = 'idle in transaction'",
+        "SELECT offset_bytes AS v FROM t ORDER BY 1 OFFSET 2",
+        "SELECT current_setting('statement_timeout') AS v",
+    ],
+)
+def test_plain_reads_are_not_flagged(sql: str) -> None:
+    """Names that merely contain a flagged word (setting, reset_val, offset,
+    current_setting) leave the branch under the limits it shares with the others."""
+    assert not may_change_settings(branch("b", query=sql))
+
+
+def test_a_predicate_that_may_change_a_setting_flags_its_branch() -> None:
+    """Predicates run on the same session as the query, so their SQL counts too."""
+    predicate = Predicate("p", "SELECT set_config('lock_timeout', '0', false) = '0'")
+    assert may_change_settings(branch("b", predicates=(predicate,)))
+
+
+def test_the_plan_names_the_branches_that_may_change_a_setting() -> None:
+    """make_plan lists them, and explain says that the limits are sent again after them."""
+    plain, unsettling = branch("plain"), branch("unsetting", query="RESET ALL")
+    plan = make_plan(Definitions((plain, unsettling)), PRIMARY, ())
+    assert plan.unsettling == frozenset({"unsetting"})
+    text = explain_text(plan)
+    assert "unsetting (name unsetting): " in text
+    line = next(x for x in text.splitlines() if x.startswith("  unsetting "))
+    assert line.endswith("its SQL may change a setting: all limits are sent again after it")
+    assert "may change a setting" not in next(
+        x for x in text.splitlines() if x.startswith("  plain ")
+    )
+
+
+def test_explain_says_how_the_limits_are_put_in_force() -> None:
+    """Session settings on a direct connection; a transaction per collector, with the
+    reason, otherwise; none on pgBouncer's console."""
+    direct = explain_text(plan_one(branch("b")))
+    assert "limits: session settings" in direct.splitlines()[1]
+    pooled = replace(PRIMARY, own_transaction="the server listens on port 5432, ...")
+    line = explain_text(plan_one(branch("b"), pooled)).splitlines()[1]
+    assert line == (
+        "limits: a read-only transaction per collector, because the server listens on "
+        "port 5432, ..."
+    )
+    assert "none sent" in explain_text(plan_one(branch("b", tags=("pgbouncer",)), BOUNCER))

@@ -69,6 +69,9 @@ async def test_each_collector_costs_one_round_trip_in_steady_state(
     per_collector = {k: sum(f"/* {k} */" in s for s in statements) for k in keys}
     assert per_collector == dict.fromkeys(keys, 1), statements
     assert len(statements) == len(keys) + 1, statements  # + the preflight
+    facts = served.app[STATE].exporter.main.facts
+    assert facts is not None
+    assert facts.own_transaction == ""  # over TCP, the server sees the address we dialed
 
 
 async def test_limits_change_only_when_the_next_collector_differs(
@@ -149,3 +152,16 @@ async def test_an_unbounded_collector_after_a_bounded_one_gets_the_servers_own_l
                  lock_timeout="500ms") == 1, body  # fmt: skip
     assert value(body, "lim_unbounded_v", read_only="on", statement_timeout="7s",
                  lock_timeout="1s") == 1, body  # fmt: skip
+
+
+async def test_a_direct_unix_socket_keeps_one_round_trip(pg18: LocalCluster, start: Start) -> None:
+    """Over PostgreSQL's own Unix socket the server sees the directory and port we dialed:
+    proven direct, so session limits, one statement per collector (issue 22)."""
+    url = f"postgresql://postgres@/postgres?host={pg18.data_dir}&port={pg18.port}"
+    keys = ("ux_alpha", "ux_beta")
+    served = await start(pg18, "".join(_marked(k) for k in keys), disable_cache=True, url=url)
+    statements = await _steady_pass(pg18, served)
+    main = served.app[STATE].exporter.main
+    assert main.facts is not None
+    assert main.facts.own_transaction == ""
+    assert len(statements) == len(keys) + 1, statements  # + the preflight
