@@ -44,6 +44,9 @@ FETCH_BATCH = 1000  # rows converted per step: bounds Python objects alive at on
 _STREAM_CHUNK = FETCH_BATCH if psycopg.pq.version() >= 170000 else 1
 LOCK_TIMEOUT_CAP = 1.0  # seconds; lock waits are a small fraction of the statement limit (D3)
 
+# The last three: the endpoint the server sees (own_transaction_reason). The socket
+# directories only over a Unix socket, and only when the role may read them (else NULL,
+# not an error): reading pg_settings instead would cost more than the rest together.
 _PREFLIGHT_SQL = """
 SELECT current_setting('server_version_num')::int,
        pg_is_in_recovery(),
@@ -55,7 +58,9 @@ SELECT current_setting('server_version_num')::int,
              WHERE datallowconn AND NOT datistemplate ORDER BY datname),
        host(inet_server_addr()),
        coalesce(inet_server_port(), current_setting('port')::int),
-       (SELECT setting FROM pg_settings WHERE name = 'unix_socket_directories')
+       CASE WHEN inet_server_addr() IS NULL
+                 AND pg_has_role('pg_read_all_settings', 'USAGE')
+            THEN current_setting('unix_socket_directories') END
 """
 
 

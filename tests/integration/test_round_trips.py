@@ -12,8 +12,8 @@ from rigs.localpg import LocalCluster
 from tests.integration.helpers import value
 from tests.integration.rawhttp import Served, Start, get
 
-#: What the exporter's backend logged: one line per simple query or per execute.
-_LOGGED = re.compile(r"app=pg_exporter: LOG:  (?:statement|execute [^:]*): (.*)")
+#: What an exporter's backend logged: one line per simple query or per execute.
+_LOGGED = re.compile(r"\[(\d+)\] .*app=pg_exporter: LOG:  (?:statement|execute [^:]*): (.*)")
 
 
 def _limits(key: str, timeout: float) -> str:
@@ -44,18 +44,22 @@ def _marked(key: str, timeout: float = 1) -> str:
 """
 
 
-def _statements_of_one_pass(cluster: LocalCluster, log_before: int) -> list[str]:
-    """The statements the exporter sent since ``log_before`` characters of the log."""
+def _statements_of_one_pass(cluster: LocalCluster, log_before: int, pid: int) -> list[str]:
+    """The statements backend ``pid`` ran since ``log_before`` characters of the log."""
     text = cluster.log_text()[log_before:]
-    return [m.group(1) for m in map(_LOGGED.search, text.splitlines()) if m]
+    found = map(_LOGGED.search, text.splitlines())
+    return [m.group(2) for m in found if m and int(m.group(1)) == pid]
 
 
 async def _steady_pass(cluster: LocalCluster, served: Served) -> list[str]:
-    """Statements of the second uncached pass (the first one sets the session up)."""
+    """Statements of the second uncached pass (the first one sets the session up), on
+    the main database's connection: not the health probe's, which may ask meanwhile."""
     assert (await get(served.port)).status == 200
+    conn = served.app[STATE].exporter.main.conn
+    assert conn is not None
     before = len(cluster.log_text())
     assert (await get(served.port)).status == 200
-    return _statements_of_one_pass(cluster, before)
+    return _statements_of_one_pass(cluster, before, conn.info.backend_pid)
 
 
 async def test_each_collector_costs_one_round_trip_in_steady_state(

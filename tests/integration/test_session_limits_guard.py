@@ -131,3 +131,24 @@ rs_b_sleepy:
     pairs = itertools.pairwise(pg.log_text().splitlines())
     cancelled = [q for error, q in pairs if "statement timeout" in error and marker in q]
     assert len(cancelled) >= 2, "the server did not cancel the sleep on its own (57014)"
+
+
+async def test_over_a_unix_socket_the_role_must_read_the_socket_directories(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """Over PostgreSQL's own Unix socket, a role that may not read unix_socket_directories
+    cannot prove the connection direct: a transaction per collector, and the reason says
+    what to grant; granted pg_monitor, the same role gets session limits."""
+    role = f"ux_{uuid.uuid4().hex[:8]}"
+    pg18.psql(f"CREATE ROLE {role} LOGIN")
+    url = f"postgresql://{role}@/postgres?host={pg18.data_dir}&port={pg18.port}"
+    served = await start(pg18, _LIMITS, disable_cache=True, url=url)
+    response = await get(served.port)
+    assert value(response.text, "pooled_limits_v", read_only="on") == 1, response.text
+    main = served.app[STATE].exporter.main
+    assert main.facts is not None
+    assert "grant pg_read_all_settings or pg_monitor" in main.facts.own_transaction
+    pg18.psql(f"GRANT pg_monitor TO {role}")
+    await main.disconnect()  # a new session: role membership is read at login
+    assert (await get(served.port)).status == 200
+    assert main.facts.own_transaction == ""
