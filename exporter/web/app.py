@@ -6,9 +6,11 @@ up, listens, and handles signals.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from exporter.admission import Admission
 from exporter.collection import Exporter
@@ -19,12 +21,15 @@ from exporter.settings import Settings
 from exporter.web.auth import install
 from exporter.web.config import WebConfig
 from exporter.web.fleet import FLEET, Fleet
+from exporter.web.fleetpages import FLEET_PAGES, FleetPages
 from exporter.web.health import HEALTH_PROBE, health_context
+from exporter.web.metrics import Throttle
 from exporter.web.reloading import RELOADER, Reloader
 from exporter.web.routes import add_routes
 from exporter.web.state import STATE, State
 
 SHUTDOWN_TIMEOUT = 10.0  # seconds for responses in flight to finish on SIGTERM
+MALFORMED_LOG_PERIOD = 10.0  # seconds between two log lines about malformed requests
 
 
 def create_app(
@@ -65,6 +70,7 @@ def create_fleet_app(
     app = web.Application()
     fleet = Fleet(settings, declared, definitions)
     app[FLEET] = fleet
+    app[FLEET_PAGES] = FleetPages.create()
     app[RELOADER] = Reloader(settings, fleet=fleet)
     app.cleanup_ctx.append(_run_fleet)
     add_routes(app, settings.telemetry_path, fleet=True)
@@ -103,8 +109,39 @@ def make_runner(app: web.Application) -> web.AppRunner:
     # exporter then waits for its pass (SHUTDOWN_GRACE) and closes its connections.
     return web.AppRunner(
         app,
+        logger=_REQUEST_ERRORS,
         access_log=None,
         handle_signals=False,
         handler_cancellation=True,
         shutdown_timeout=SHUTDOWN_TIMEOUT,
     )
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs each request it cannot parse (a request line over 8190 bytes, a TLS
+    hello on the plain port) at ERROR with a traceback: a log flood anyone can cause.
+    Such a record becomes one warning line, at most one a period, quoting nothing the
+    client sent; other errors (a handler's failure) keep their traceback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.throttle = Throttle(MALFORMED_LOG_PERIOD)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        held = self.throttle.allow()
+        if held is None:
+            return False
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg = "refused a malformed request with %d (%s)%s"
+        more = f"; {held} more since the last such line" if held else ""
+        record.args = (error.code, type(error).__name__, more)
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+# The logger of the HTTP server's own errors (aiohttp's "aiohttp.server" otherwise).
+_REQUEST_ERRORS = logging.getLogger("exporter.web.requests")
+_REQUEST_ERRORS.addFilter(_MalformedRequests())

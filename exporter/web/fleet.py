@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -45,6 +46,7 @@ HEALTH_IDLE = 300.0  # seconds
 # moved to another replica's shard); the next probe of it connects again.
 CONNECTIONS_IDLE = 300.0  # seconds
 JANITOR_PERIOD = 60.0  # seconds between two looks for idle connections
+APPLY_CHUNK = 25  # members built or closed by a reload between two turns of the loop
 FIRST_PROBE_MARGIN = 0.05  # seconds, beyond the connect timeout, for a probe's first answer
 CEILING_LOG_PERIOD = 60.0  # seconds between two warnings that the probe ceiling refused one
 
@@ -184,6 +186,9 @@ class Fleet:
         self._janitor = asyncio.create_task(self._release_idle(), name="fleet janitor")
 
     def _add(self, target: DeclaredTarget) -> None:
+        self.members[target.name] = self._member(target)
+
+    def _member(self, target: DeclaredTarget) -> Member:
         settings = target.settings
         state = State(
             settings=settings,
@@ -197,7 +202,7 @@ class Fleet:
             pgbouncer=settings.is_pgbouncer,
             connecting=self.probes.connecting,
         )
-        self.members[target.name] = Member(target, state, probe, self.probes)
+        return Member(target, state, probe, self.probes)
 
     async def _release_idle(self) -> None:
         """Every JANITOR_PERIOD, close the connections of targets no pass has collected
@@ -236,18 +241,32 @@ class Fleet:
                 member.state.exporter.schedule(definitions)
         wanted = {target.name: target for target in declared.targets}
         gone = [m for name, m in self.members.items() if wanted.get(name) != m.declared]
+        added = await self._build(t for n, t in wanted.items() if self._changed(n, t))
         for member in gone:
             del self.members[member.name]
             if member.name not in wanted:
                 self.probes.leave(member.name)
-        added = [t for name, t in wanted.items() if name not in self.members]
-        for target in added:
-            self._add(target)
+        self.members.update((member.name, member) for member in added)
         self.declared = declared
-        await asyncio.gather(*(member.close() for member in gone))
+        for start in range(0, len(gone), APPLY_CHUNK):  # the event loop runs in between
+            await asyncio.gather(*(member.close() for member in gone[start : start + APPLY_CHUNK]))
         changed = sum(1 for m in gone if m.name in wanted)
         removed, new = len(gone) - changed, len(added) - changed
         return f"targets: {new} added, {changed} changed, {removed} removed, {len(wanted)} in all"
+
+    def _changed(self, name: str, target: DeclaredTarget) -> bool:
+        member = self.members.get(name)
+        return member is None or member.declared != target
+
+    async def _build(self, targets: Iterable[DeclaredTarget]) -> list[Member]:
+        """New members, built a chunk at a time (a thousand take about a second), then
+        swapped in at once by :meth:`apply`: the running ones serve meanwhile (issue 25)."""
+        built: list[Member] = []
+        for count, target in enumerate(targets, 1):
+            built.append(self._member(target))
+            if count % APPLY_CHUNK == 0:
+                await asyncio.sleep(0)
+        return built
 
     async def close(self) -> None:
         """Close every member (shutdown)."""

@@ -1,20 +1,44 @@
-"""The fleet's pages: ``/probe?target=NAME``, the exporter's own ``/metrics`` and the
-``/targets`` page listing every declared target with its status."""
+"""The fleet's pages: ``/probe?target=NAME``, the exporter's own ``/metrics``, the
+``/targets`` page and ``/sd`` (Prometheus's HTTP service discovery).
+
+The three fleet-wide pages cost the event loop little however large the fleet (issue
+25): each is rendered at most once per freshness period, or again when a reload changes
+the fleet, and shared by every request meanwhile; the members are read in small chunks
+between which the loop serves other requests, and the text is formatted off the loop.
+Each page has its own admission: its answers are written under the same write deadlines
+as a scrape's, and past a few unread answers further requests get 503 at once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 from aiohttp import web
 
+from exporter.admission import Admission
+from exporter.budget import SCRAPE_TIMEOUT_HEADER, budget_seconds
+from exporter.declared import Declared
 from exporter.exposition import Family, Format, content_type, encode, make_family, runtime_families
 from exporter.logs import TARGET
 from exporter.web.fleet import FLEET, FLEET_PAGE, Fleet, Member, member_for
-from exporter.web.metrics import MIN_WRITE_SECONDS, expose, write
-from exporter.web.pages import text_or_html
+from exporter.web.metrics import Answer, expose, write
+from exporter.web.pages import html_page
 
 Samples = list[tuple[tuple[tuple[str, str], ...], float]]
+T = TypeVar("T")
+
+# A live page (/targets, /metrics) is rendered again once it is older than its last
+# rendering took divided by this share, so rendering takes at most this share of the
+# event loop however often it is asked for; and never shown older than MAX_PAGE_AGE.
+PAGE_SHARE = 0.05
+MAX_PAGE_AGE = 10.0  # seconds
+READ_CHUNK = 200  # members read between two turns of the event loop
 
 
 async def probe_handler(request: web.Request) -> web.StreamResponse:
@@ -28,20 +52,160 @@ async def probe_handler(request: web.Request) -> web.StreamResponse:
         TARGET.reset(token)
 
 
+@dataclass(slots=True)
+class _Rendered:
+    answer: Answer
+    declared: Declared  # the targets it shows: a reload replaces the fleet's
+    made: float  # event-loop time
+    fresh_for: float  # seconds
+
+
+class Page:
+    """One fleet-wide page: its rendered answers (one per variant, e.g. text or HTML),
+    shared until stale, made by one rendering at a time; and its own admission."""
+
+    def __init__(self, make: Callable[[Fleet, str], Awaitable[Answer]], *, live: bool) -> None:
+        self.make = make
+        self.live = live  # shows values that change without a reload
+        self.admission = Admission()
+        self.renderings = 0
+        self._rendered: dict[str, _Rendered] = {}
+        self._making: dict[str, asyncio.Task[_Rendered]] = {}
+
+    async def answer(self, fleet: Fleet, variant: str) -> Answer:
+        """The page as rendered lately enough, or as the rendering in flight makes it."""
+        rendered = self._rendered.get(variant)
+        now = asyncio.get_running_loop().time()
+        if (
+            rendered
+            and rendered.declared is fleet.declared
+            and now - rendered.made < rendered.fresh_for
+        ):
+            return rendered.answer
+        making = self._making.get(variant)
+        if making is None:
+            making = asyncio.create_task(self._render(fleet, variant), name=f"render {variant}")
+            self._making[variant] = making
+            making.add_done_callback(lambda _: self._making.pop(variant, None))
+        return (await asyncio.shield(making)).answer  # a hang-up stops no other request
+
+    async def _render(self, fleet: Fleet, variant: str) -> _Rendered:
+        loop = asyncio.get_running_loop()
+        declared, started = fleet.declared, loop.time()
+        answer = await self.make(fleet, variant)
+        made = loop.time()
+        self.renderings += 1
+        fresh_for = min((made - started) / PAGE_SHARE, MAX_PAGE_AGE) if self.live else math.inf
+        self._rendered[variant] = rendered = _Rendered(answer, declared, made, fresh_for)
+        return rendered
+
+    async def serve(self, request: web.Request, variant: str = "") -> web.StreamResponse:
+        """The page under its admission and the request's budget as write deadline."""
+        with self.admission.slot() as admitted:
+            if not admitted:
+                return web.Response(status=503, text=_BUSY)
+            answer = await self.answer(request.app[FLEET], variant)
+        deadline = budget_seconds(request.headers.get(SCRAPE_TIMEOUT_HEADER))
+        return await write(request, self.admission, answer, deadline)
+
+
+_BUSY = "too many answers of this page are being written; try again later\n"
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPages:
+    """The fleet-wide pages of one application."""
+
+    metrics: Page
+    targets: Page
+    sd: Page
+
+    @classmethod
+    def create(cls) -> FleetPages:
+        """Pages rendering what they show from the fleet they are asked about."""
+        return cls(
+            Page(_metrics_answer, live=True),
+            Page(_targets_answer, live=True),
+            Page(_sd_answer, live=False),
+        )
+
+
+FLEET_PAGES = web.AppKey("fleet_pages", FleetPages)
+
+
+async def read_members(fleet: Fleet, read: Callable[[Member], T]) -> list[T]:
+    """``read`` of every member in name order, a chunk at a time: the event loop serves
+    other requests between two chunks, however large the fleet."""
+    members = sorted(fleet.members.values(), key=lambda m: m.name)
+    rows: list[T] = []
+    for start in range(0, len(members), READ_CHUNK):
+        rows.extend(read(member) for member in members[start : start + READ_CHUNK])
+        await asyncio.sleep(0)
+    return rows
+
+
 async def fleet_metrics_handler(request: web.Request) -> web.StreamResponse:
     """The exporter's own metrics in fleet mode: the process, the ceiling and each
     target's status. No database is asked: targets are scraped at /probe."""
-    fleet = request.app[FLEET]
-    families = [*fleet_families(fleet), *runtime_families(fleet.settings.const_labels)]
-    body = encode(families, Format.TEXT)
-    return await write(request, None, body, content_type(Format.TEXT), MIN_WRITE_SECONDS)
+    return await request.app[FLEET_PAGES].metrics.serve(request)
 
 
-def fleet_families(fleet: Fleet) -> list[Family]:
-    """Self-metrics of the fleet: the ceiling's use, and per target its state."""
-    ns = f"{fleet.settings.effective_namespace()}_exporter_fleet"
-    const = fleet.settings.const_labels
+async def _metrics_answer(fleet: Fleet, _variant: str) -> Answer:
+    rows = await read_members(fleet, _metrics_row)
     gate = fleet.gate
+    ceiling = (gate.limit, gate.active, gate.waiting, gate.entered, gate.waited, gate.refused,
+               gate.wait_seconds)  # fmt: skip
+    runtime = runtime_families(fleet.settings.const_labels)
+    namespace = f"{fleet.settings.effective_namespace()}_exporter_fleet"
+    body = await asyncio.to_thread(
+        _encode_metrics, namespace, fleet.settings.const_labels, ceiling, rows, runtime
+    )
+    return Answer(body, content_type(Format.TEXT))
+
+
+@dataclass(frozen=True, slots=True)
+class _MetricsRow:
+    """What /metrics shows of one member, read on the event loop."""
+
+    name: str
+    health: str | None  # the probe's status word, None when it is not probed
+    up: float
+    scrapes: float
+    last_duration: float
+    rejected: float
+
+
+def _metrics_row(member: Member) -> _MetricsRow:
+    exporter = member.state.exporter
+    return _MetricsRow(
+        member.name,
+        member.probe.current().status.value if member.probing else None,
+        float(exporter.main.up),
+        float(exporter.stats.scrapes),
+        exporter.stats.last_duration,
+        float(member.state.admission.rejected),
+    )
+
+
+def _encode_metrics(
+    namespace: str,
+    const: Sequence[tuple[str, str]],
+    ceiling: tuple[int, int, int, int, int, int, float],
+    rows: Sequence[_MetricsRow],
+    runtime: list[Family],
+) -> bytes:
+    """The fleet's self-metrics (in a worker thread: it reads only its arguments)."""
+    return encode([*fleet_families(namespace, const, ceiling, rows), *runtime], Format.TEXT)
+
+
+def fleet_families(
+    ns: str,
+    const: Sequence[tuple[str, str]],
+    ceiling: tuple[int, int, int, int, int, int, float],
+    rows: Sequence[_MetricsRow],
+) -> list[Family]:
+    """Self-metrics of the fleet: the ceiling's use, and per target its state."""
+    limit, active, waiting, entered, waited, refused, wait_seconds = ceiling
 
     def family(suffix: str, kind: str, help_: str, samples: Samples) -> Family:
         rows = [((*labels, *const), value) for labels, value in samples]
@@ -50,95 +214,114 @@ def fleet_families(fleet: Fleet) -> list[Family]:
     def single(suffix: str, kind: str, help_: str, value: float) -> Family:
         return family(suffix, kind, help_, [((), value)])
 
-    members = sorted(fleet.members.values(), key=lambda m: m.name)
-
-    def per_target(value: Callable[[Member], float]) -> Samples:
-        return [((("target", m.name),), value(m)) for m in members]
+    def per_target(value: Callable[[_MetricsRow], float]) -> Samples:
+        return [((("target", r.name),), value(r)) for r in rows]
 
     health: Samples = [  # only targets whose health is being asked about are probed
-        ((("target", m.name), ("status", m.probe.current().status.value)), 1.0)
-        for m in members
-        if m.probing
+        ((("target", r.name), ("status", r.health)), 1.0) for r in rows if r.health is not None
     ]
     return [
-        single("targets", "gauge", "targets the targets file declares", float(len(members))),
-        single("max_concurrent", "gauge", "most targets collected at once", float(gate.limit)),
-        single("collecting", "gauge", "targets being collected right now", float(gate.active)),
+        single("targets", "gauge", "targets the targets file declares", float(len(rows))),
+        single("max_concurrent", "gauge", "most targets collected at once", float(limit)),
+        single("collecting", "gauge", "targets being collected right now", float(active)),
         single("waiting", "gauge", "passes waiting for a place under the ceiling",
-               float(gate.waiting)),
+               float(waiting)),
         single("passes_total", "counter", "passes that took a place under the ceiling",
-               float(gate.entered)),
+               float(entered)),
         single("waited_total", "counter", "passes that found every place taken and waited",
-               float(gate.waited)),
+               float(waited)),
         single("refused_total", "counter",
                "passes whose request's budget ran out waiting for a place (answered 503)",
-               float(gate.refused)),
+               float(refused)),
         single("wait_seconds_total", "counter", "seconds passes spent waiting for a place",
-               gate.wait_seconds),
+               wait_seconds),
         family("target_up", "gauge", "1 when the target answered its last pass",
-               per_target(lambda m: float(m.state.exporter.main.up))),
+               per_target(lambda r: r.up)),
         family("target_health", "gauge",
                "the health probe's status word of each target whose health is asked about",
                health),
         family("target_scrapes_total", "counter", "collection passes run for the target",
-               per_target(lambda m: float(m.state.exporter.stats.scrapes))),
+               per_target(lambda r: r.scrapes)),
         family("target_last_scrape_duration_seconds", "gauge",
                "seconds the target's last pass took",
-               per_target(lambda m: m.state.exporter.stats.last_duration)),
+               per_target(lambda r: r.last_duration)),
         family("target_rejected_total", "counter",
                "probes of the target refused with 503: two were being served",
-               per_target(lambda m: float(m.state.admission.rejected))),
+               per_target(lambda r: r.rejected)),
     ]  # fmt: skip
 
 
-async def service_discovery_handler(request: web.Request) -> web.Response:
+async def service_discovery_handler(request: web.Request) -> web.StreamResponse:
     """The declared names in Prometheus's HTTP service discovery format
     (``http_sd_configs``), so the targets are declared once, here: one group per
     target, with ``__meta_pg_exporter_*`` labels for relabelling. Names only: no URL."""
-    groups = [
-        {
-            "targets": [member.name],
-            "labels": {
-                "__meta_pg_exporter_pgbouncer": str(member.state.settings.is_pgbouncer).lower(),
-                "__meta_pg_exporter_tags": ",".join(member.state.settings.tags),
-            },
-        }
-        for member in sorted(request.app[FLEET].members.values(), key=lambda m: m.name)
-    ]
-    return web.json_response(groups)
+    return await request.app[FLEET_PAGES].sd.serve(request)
 
 
-async def targets_handler(request: web.Request) -> web.Response:
+async def _sd_answer(fleet: Fleet, _variant: str) -> Answer:
+    groups = await read_members(fleet, _sd_group)
+    body = await asyncio.to_thread(lambda: json.dumps(groups).encode())
+    return Answer(body, "application/json; charset=utf-8")
+
+
+def _sd_group(member: Member) -> dict[str, object]:
+    settings = member.state.settings
+    return {
+        "targets": [member.name],
+        "labels": {
+            "__meta_pg_exporter_pgbouncer": str(settings.is_pgbouncer).lower(),
+            "__meta_pg_exporter_tags": ",".join(settings.tags),
+        },
+    }
+
+
+async def targets_handler(request: web.Request) -> web.StreamResponse:
     """Every declared target: health, pg_up, passes, errors, last pass, breaker, URL."""
-    fleet = request.app[FLEET]
+    variant = "html" if "text/html" in request.headers.get("Accept", "") else "text"
+    return await request.app[FLEET_PAGES].targets.serve(request, variant)
+
+
+_HEADER = ("target", "health", "up", "passes", "errors", "last", "took", "breaker", "url")
+
+
+async def _targets_answer(fleet: Fleet, variant: str) -> Answer:
     now = time.time()
-    header = ("target", "health", "up", "passes", "errors", "last", "took", "breaker", "url")
-    rows = [header]
-    for member in sorted(fleet.members.values(), key=lambda m: m.name):
-        exporter = member.state.exporter
-        stats = exporter.stats
-        last = f"{now - stats.last_scrape_time:.0f}s ago" if stats.last_scrape_time else "never"
-        rows.append(
-            (
-                member.name,
-                member.probe.current().status.value if member.probing else "-",
-                "1" if exporter.main.up else "0",
-                str(stats.scrapes),
-                str(stats.errors),
-                last,
-                f"{stats.last_duration:.3f}s",
-                exporter.breaker.state.value,
-                member.state.settings.masked_url,
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]  # fmt: skip
+    rows = await read_members(fleet, lambda member: _targets_row(member, now))
     gate = fleet.gate
     summary = (
-        f"{len(fleet.members)} targets from {fleet.declared.path}; "
+        f"{len(rows)} targets from {fleet.declared.path}; "
         f"{gate.active} of at most {gate.limit} being collected, {gate.waiting} waiting\n"
         f"per target: /probe?target=NAME, /stat?target=NAME, /explain?target=NAME, "
         f"/primary?target=NAME (and every health path)\n\n"
     )
-    return text_or_html(request, FLEET_PAGE.strip("/"), summary + "\n".join(lines) + "\n")
+    text = await asyncio.to_thread(_table, summary, rows)
+    if variant == "html":
+        page = await asyncio.to_thread(html_page, FLEET_PAGE.strip("/"), text)
+        return Answer(page.encode(), "text/html; charset=utf-8")
+    return Answer(text.encode(), "text/plain; charset=utf-8")
+
+
+def _targets_row(member: Member, now: float) -> tuple[str, ...]:
+    exporter = member.state.exporter
+    stats = exporter.stats
+    last = f"{now - stats.last_scrape_time:.0f}s ago" if stats.last_scrape_time else "never"
+    return (
+        member.name,
+        member.probe.current().status.value if member.probing else "-",
+        "1" if exporter.main.up else "0",
+        str(stats.scrapes),
+        str(stats.errors),
+        last,
+        f"{stats.last_duration:.3f}s",
+        exporter.breaker.state.value,
+        member.state.settings.masked_url,
+    )
+
+
+def _table(summary: str, rows: Sequence[tuple[str, ...]]) -> str:
+    """The summary and the rows as aligned columns (in a worker thread)."""
+    table = [_HEADER, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(_HEADER))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in table]  # fmt: skip
+    return summary + "\n".join(lines) + "\n"

@@ -1,10 +1,18 @@
-"""The telemetry path: the exposition, under admission and the request budget."""
+"""The telemetry path: the exposition, under admission and the request budget.
+
+Writing an answer is bounded apart from making it: the admission slot is given back
+once the answer is rendered, and the answer is written in chunks, each of which the
+client must take within a few seconds (issue 25: clients that never read cannot hold
+the slots a scrape needs, nor make memory grow).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import logging
+import time
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -26,6 +34,51 @@ log = logging.getLogger(__name__)
 GZIP_LEVEL = 1  # metric text compresses well even at the cheapest level; CPU matters more
 # However little of its budget a scrape has left, its answer may take this long to send.
 MIN_WRITE_SECONDS = 2.0
+# A client must take each chunk of its answer within this long (and the whole answer
+# within its budget): the kernel's buffers absorb the first few hundred KiB, so a client
+# that reads nothing is cut off after about this long, whatever its budget.
+WRITE_STALL_SECONDS = 5.0
+WRITE_CHUNK = 64 * 1024  # bytes handed to the socket at once: what one connection buffers
+CUT_OFF_LOG_PERIOD = 10.0  # seconds between two warnings about clients that did not read
+
+
+@dataclass(eq=False)
+class Answer:
+    """A rendered answer; a cached page's is shared by every request for it."""
+
+    body: bytes
+    content_type: str
+    _gzipped: asyncio.Future[bytes] | None = field(default=None, repr=False)
+
+    async def gzipped(self) -> bytes:
+        """The body compressed, once, off the event loop (zlib lets the loop run)."""
+        if self._gzipped is None:
+            self._gzipped = asyncio.ensure_future(
+                asyncio.to_thread(gzip.compress, self.body, compresslevel=GZIP_LEVEL)
+            )
+        return await asyncio.shield(self._gzipped)  # one request's hang-up stops no other
+
+
+class Throttle:
+    """Lets a repeated log line through at most once a period."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self.suppressed = 0
+        self._last = float("-inf")
+
+    def allow(self) -> int | None:
+        """The number of lines held back since the last one let through, or None when
+        this one is held back too."""
+        now = time.monotonic()
+        if now - self._last < self.period:
+            self.suppressed += 1
+            return None
+        self._last, held, self.suppressed = now, self.suppressed, 0
+        return held
+
+
+_cut_off = Throttle(CUT_OFF_LOG_PERIOD)
 
 
 async def metrics_handler(request: web.Request) -> web.StreamResponse:
@@ -44,23 +97,32 @@ async def expose(request: web.Request, state: State, *, runtime: bool = True) ->
             budget_seconds(request.headers.get(SCRAPE_TIMEOUT_HEADER)),
             client_gone=lambda: _client_gone(request),
         )
-        try:
-            snapshot = await state.exporter.collect(budget)
-        except asyncio.CancelledError:  # the client hung up (handler cancellation)
-            state.admission.note_interrupted(Interruption.CLIENT)
-            raise
-        state.admission.note_wait(snapshot.waited, shared=snapshot.shared)
-        if snapshot.interrupted is not None:
-            state.admission.note_interrupted(snapshot.interrupted)
-            return web.Response(status=503, text=_OUT_OF_BUDGET)  # B21: never partial
-        fmt = (
-            negotiate(request.headers.get("Accept")) if state.settings.openmetrics else Format.TEXT
-        )
-        body = encode(_all_families(state, snapshot.families, runtime=runtime), fmt)
-        # The lock is already released (B20); the slot is held until the body is out (B2),
-        # but no longer than the budget allows: a client that does not read is cut off.
-        deadline = max(budget.remaining(), MIN_WRITE_SECONDS)
-        return await write(request, state.admission, body, content_type(fmt), deadline)
+        rendered = await _render(request, state, budget, runtime=runtime)
+    if isinstance(rendered, web.Response):
+        return rendered
+    # The slot is free again: a client that does not read holds a writer's place only,
+    # for a few seconds, never the slots a scrape needs (issue 25).
+    return await write(
+        request, state.admission, rendered, max(budget.remaining(), MIN_WRITE_SECONDS)
+    )
+
+
+async def _render(
+    request: web.Request, state: State, budget: Budget, *, runtime: bool
+) -> Answer | web.Response:
+    """The answer of one admitted request, or the 503 that replaces a partial one."""
+    try:
+        snapshot = await state.exporter.collect(budget)
+    except asyncio.CancelledError:  # the client hung up (handler cancellation)
+        state.admission.note_interrupted(Interruption.CLIENT)
+        raise
+    state.admission.note_wait(snapshot.waited, shared=snapshot.shared)
+    if snapshot.interrupted is not None:
+        state.admission.note_interrupted(snapshot.interrupted)
+        return web.Response(status=503, text=_OUT_OF_BUDGET)  # B21: never partial
+    fmt = negotiate(request.headers.get("Accept")) if state.settings.openmetrics else Format.TEXT
+    body = encode(_all_families(state, snapshot.families, runtime=runtime), fmt)
+    return Answer(body, content_type(fmt))  # the lock is already released (B20)
 
 
 _BUSY = "too many concurrent scrapes ({} are being served); try again later\n"
@@ -85,32 +147,49 @@ def _client_gone(request: web.Request) -> bool:
 
 
 async def write(
-    request: web.Request, admission: Admission | None, body: bytes, ctype: str, deadline: float
+    request: web.Request, admission: Admission, answer: Answer, deadline: float
 ) -> web.StreamResponse:
-    """Write the whole body inside the handler, so the admission slot covers it (B2);
-    a client that has not taken it within ``deadline`` seconds is disconnected (and
-    counted by ``admission``, when the page has one)."""
-    response = web.StreamResponse(headers={"Content-Type": ctype})
-    if accepts_gzip(request.headers.get("Accept-Encoding")):
-        body = gzip.compress(body, compresslevel=GZIP_LEVEL)
-        response.headers["Content-Encoding"] = "gzip"
-    response.content_length = len(body)
-    try:
-        async with asyncio.timeout(deadline):
-            await response.prepare(request)
-            await response.write(body)
-            await response.write_eof()
-    except ConnectionError:  # the client left as the answer started: not a server error
-        if admission is not None:
+    """Write the whole answer inside the handler, holding a writer's place of
+    ``admission``; a client that has not taken it within ``deadline`` seconds, or a chunk
+    of it within :data:`WRITE_STALL_SECONDS`, is disconnected and counted."""
+    with admission.writer():
+        response = web.StreamResponse(headers={"Content-Type": answer.content_type})
+        body = answer.body
+        try:
+            async with asyncio.timeout(deadline):
+                if accepts_gzip(request.headers.get("Accept-Encoding")):
+                    body = await answer.gzipped()
+                    response.headers["Content-Encoding"] = "gzip"
+                response.content_length = len(body)
+                await response.prepare(request)
+                await _send(response, body, min(WRITE_STALL_SECONDS, deadline))
+                await response.write_eof()
+        except ConnectionError:  # the client left as the answer started: not a server error
             admission.note_interrupted(Interruption.CLIENT)
-    except TimeoutError:
-        if admission is not None:
+        except TimeoutError:
             admission.note_interrupted(Interruption.WRITE_TIMEOUT)
-        log.warning(
-            "a client did not read its answer within %.1fs; disconnected it",
-            deadline,
-            extra={"peer": request.remote or "?", "bytes": len(body)},
-        )
-        if request.transport is not None:
-            request.transport.abort()
-    return response
+            _log_cut_off(request, len(body))
+            if request.transport is not None:
+                request.transport.abort()
+        return response
+
+
+async def _send(response: web.StreamResponse, body: bytes, stall: float) -> None:
+    """``body`` chunk by chunk, each taken by the client within ``stall`` seconds; the
+    socket buffers at most a chunk or two beyond what the client took, and a shared body
+    is never copied whole."""
+    view = memoryview(body)
+    for start in range(0, len(body), WRITE_CHUNK):
+        async with asyncio.timeout(stall):
+            await response.write(view[start : start + WRITE_CHUNK])
+
+
+def _log_cut_off(request: web.Request, size: int) -> None:
+    held = _cut_off.allow()
+    if held is None:
+        return
+    log.warning(
+        "a client did not read its answer in time; disconnected it%s",
+        f" ({held} more since the last warning)" if held else "",
+        extra={"peer": request.remote or "?", "bytes": size},
+    )

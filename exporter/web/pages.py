@@ -41,13 +41,17 @@ def text_or_html(request: web.Request, title: str, text: str) -> web.Response:
     """Plain text, or the same text as a page when a browser prefers HTML."""
     if "text/html" not in request.headers.get("Accept", ""):
         return web.Response(text=text)
-    page = (
+    return web.Response(text=html_page(title, text), content_type="text/html")
+
+
+def html_page(title: str, text: str) -> str:
+    """``text`` as a readable HTML page titled ``title``."""
+    return (
         f"<!doctype html><html><head><meta charset=utf-8><title>pg_exporter {title}</title>"
         "<style>body{font-family:sans-serif;margin:2em}pre{font-size:13px}</style></head>"
         f'<body><p><a href="/">pg_exporter</a> / {title}</p><pre>{html.escape(text)}</pre>'
         "</body></html>"
     )
-    return web.Response(text=page, content_type="text/html")
 
 
 async def reload_handler(request: web.Request) -> web.Response:

@@ -50,7 +50,7 @@ hostile_cached:
   metrics:
     - {marker}: {{usage: GAUGE, description: a value}}
 """
-SHORT_BUDGET = 3.0  # the non-reading clients' X-Prometheus-Scrape-Timeout-Seconds
+WRITE_STALL = 5.0  # exporter.web.metrics.WRITE_STALL_SECONDS: a stalled answer is cut then
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +86,10 @@ def _status(port: int, path: str) -> int:
 
 
 def _non_reader(port: int) -> socket.socket:
-    """A client with a tiny receive buffer, admitted for the metrics, that reads no more
-    than its status line (retried while the slots are still busy with an earlier one)."""
-    request = (
-        "GET /metrics HTTP/1.1\r\nHost: exporter\r\n"
-        f"X-Prometheus-Scrape-Timeout-Seconds: {SHORT_BUDGET}\r\n\r\n"
-    )
+    """A client with a tiny receive buffer and no scrape-timeout header (the 30 s budget),
+    admitted for the metrics, that reads no more than its status line (retried while the
+    slots are still busy with an earlier one)."""
+    request = "GET /metrics HTTP/1.1\r\nHost: exporter\r\n\r\n"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         sock = socket.socket()
@@ -121,12 +119,14 @@ async def _first(session: aiohttp.ClientSession, port: int, status: int, within:
     raise AssertionError(f"no scrape answered {status} within {within} s")
 
 
-async def test_clients_that_never_read_are_cut_off_and_scrapes_resume(
+async def test_clients_that_never_read_hold_no_slot_and_are_cut_off(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    """Two clients that never read a ~6 MB answer hold both admission slots only until
-    their write deadline (their budget, here 3 s): then they are disconnected, the slots
-    come back, and a real scrape is served again (B2, B3)."""
+    """Two clients that never read a ~6 MB answer and send no scrape-timeout header: a
+    scrape is answered 200 while they hold their connections (a slot is given back once
+    its answer is rendered; writing holds only a writer's place), and each is cut off
+    once its answer makes no progress for a few seconds, not after the 30 s budget
+    (issue 25; before: every scrape got 503 for 30 s, and again as they asked again)."""
     config = tmp_path / "big.yml"
     config.write_text(BIG)
     with exporter(cluster, config, tmp_path / "exporter.log") as port:
@@ -134,17 +134,25 @@ async def test_clients_that_never_read_are_cut_off_and_scrapes_resume(
             status, body, _ = await _scrape(session, port)  # warm the cache: 6 MB
             assert status == 200
             assert len(body) > 5_000_000
+            started = time.monotonic()
             hostile = [_non_reader(port) for _ in range(2)]
             try:
-                blocked = await _first(session, port, 503, within=10)
-                served = await _first(session, port, 200, within=30)
+                for _ in range(3):
+                    assert (await _scrape(session, port))[0] == 200
+                while True:
+                    after = (await _scrape(session, port))[1]
+                    cut = value(after, "pg_exporter_requests_interrupted_total",
+                                reason="write_timeout")  # fmt: skip
+                    if cut == 2 or time.monotonic() - started > 25:
+                        break
+                    await asyncio.sleep(0.2)
             finally:
                 for sock in hostile:
                     sock.close()
-            print(f"\nwith two non-reading clients: scrapes got 503 for {served - blocked:.2f} s")
-            assert served - blocked < SHORT_BUDGET + 7  # the deadline plus a wide margin
-            after = (await _scrape(session, port))[1]
-    assert value(after, "pg_exporter_requests_interrupted_total", reason="write_timeout") == 2
+    took = time.monotonic() - started
+    print(f"\ntwo non-reading clients: scrapes answered 200; cut off within {took:.1f} s")
+    assert cut == 2
+    assert took < WRITE_STALL + 10  # far below the 30 s budget
     assert value(after, "pg_exporter_requests_in_flight") == 1  # this scrape alone
 
 

@@ -27,6 +27,7 @@ from exporter.definitions import Definitions
 from exporter.settings import Settings
 from exporter.web.config import WebConfig
 from exporter.web.health import HEALTH_PATHS
+from exporter.web.metrics import WRITE_STALL_SECONDS
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.integration.helpers import REPO, settings_for, write_collectors
@@ -344,3 +345,68 @@ async def test_hang_up_as_the_answer_starts_is_not_an_error(
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert errors == [], [r.getMessage() for r in errors]
         assert state.admission.interrupted[Interruption.CLIENT] == 1
+
+
+# --- clients that never read, and malformed request lines (issue 25) ----------------------
+
+BIG = """
+abuse_big:
+  query: >-
+    SELECT i AS k, repeat('x', 80) AS pad, i AS v FROM generate_series(1, 60000) i
+  ttl: 300
+  timeout: 20
+  max_series: 70000
+  metrics:
+    - k: {usage: LABEL, description: key}
+    - pad: {usage: LABEL, description: padding to make the answer large}
+    - v: {usage: GAUGE, description: value}
+"""
+
+
+async def test_non_readers_hold_no_slot_a_scrape_needs(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Two clients that ask for a ~8 MB answer, never read it and send no scrape-timeout
+    header: once their answer is rendered they hold a writer's place, not an admission
+    slot, so a well-behaved scrape still gets 200 while they hold their connections; each
+    is cut off after WRITE_STALL_SECONDS without progress, not the 30 s budget (before:
+    both slots were held for 30 s and every other scrape got 503)."""
+    definitions = write_collectors(tmp_path, BIG)
+    async with serving(settings(cluster), definitions) as served:
+        admission = served.app[STATE].admission
+        assert (await get(served.port)).status == 200  # warm the cache
+        started = time.monotonic()
+        stalled = [await RawClient.send(served.port, receive_buffer=4096) for _ in range(2)]
+        await poll(lambda: admission.writing == 2, "both answers to stall")
+        assert admission.collecting == 0
+        for _ in range(3):
+            assert (await get(served.port)).status == 200
+        assert admission.writing == 2  # the non-readers are still connected
+        await poll(lambda: admission.writing == 0, "the non-readers to be cut off", within=25)
+        cut_after = time.monotonic() - started
+        for client in stalled:
+            client.hang_up()
+    print(f"\nnon-readers cut off after {cut_after:.1f} s")
+    assert admission.interrupted[Interruption.WRITE_TIMEOUT] == 2
+    assert cut_after < WRITE_STALL_SECONDS + 8  # far below the 30 s budget
+
+
+async def test_an_overlong_request_line_logs_one_line_without_traceback(
+    cluster: LocalCluster, definitions: Definitions, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ten request lines over 8190 bytes: each refused with 400 or 414, and the log gets
+    one warning line naming the status, with no traceback and none of the request (before:
+    an ERROR with a traceback per request)."""
+    caplog.set_level(logging.DEBUG)
+    async with serving(settings(cluster), definitions) as served:
+        for _ in range(10):
+            raw = await raw_exchange(served.port, f"GET /{'a' * 9000} HTTP/1.1\r\n\r\n".encode())
+            assert statuses(raw) in ([400], [414]), raw[:200]
+        await scrapes_ok(served.port, 1)
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert records[0].levelno == logging.WARNING
+    assert records[0].exc_info is None
+    assert records[0].exc_text is None
+    assert "malformed request" in records[0].getMessage()
+    assert "aaaa" not in records[0].getMessage()
