@@ -117,7 +117,7 @@ def make_runner(app: web.Application) -> web.AppRunner:
     )
 
 
-class _MalformedRequests(logging.Filter):
+class MalformedRequests(logging.Filter):
     """aiohttp logs each request it cannot parse (a request line over 8190 bytes, a TLS
     hello on the plain port) at ERROR with a traceback: a log flood anyone can cause.
     Such a record becomes one warning line, at most one a period, quoting nothing the
@@ -144,4 +144,5 @@ class _MalformedRequests(logging.Filter):
 
 # The logger of the HTTP server's own errors (aiohttp's "aiohttp.server" otherwise).
 _REQUEST_ERRORS = logging.getLogger("exporter.web.requests")
-_REQUEST_ERRORS.addFilter(_MalformedRequests())
+MALFORMED = MalformedRequests()
+_REQUEST_ERRORS.addFilter(MALFORMED)

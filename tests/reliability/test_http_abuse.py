@@ -25,9 +25,10 @@ import pytest
 from exporter.budget import Interruption
 from exporter.definitions import Definitions
 from exporter.settings import Settings
+from exporter.web.app import MALFORMED, MALFORMED_LOG_PERIOD
 from exporter.web.config import WebConfig
 from exporter.web.health import HEALTH_PATHS
-from exporter.web.metrics import WRITE_STALL_SECONDS
+from exporter.web.metrics import WRITE_STALL_SECONDS, Throttle
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.integration.helpers import REPO, settings_for, write_collectors
@@ -392,12 +393,16 @@ async def test_non_readers_hold_no_slot_a_scrape_needs(
 
 
 async def test_an_overlong_request_line_logs_one_line_without_traceback(
-    cluster: LocalCluster, definitions: Definitions, caplog: pytest.LogCaptureFixture
+    cluster: LocalCluster,
+    definitions: Definitions,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Ten request lines over 8190 bytes: each refused with 400 or 414, and the log gets
     one warning line naming the status, with no traceback and none of the request (before:
     an ERROR with a traceback per request)."""
     caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(MALFORMED, "throttle", Throttle(MALFORMED_LOG_PERIOD))  # none yet
     async with serving(settings(cluster), definitions) as served:
         for _ in range(10):
             raw = await raw_exchange(served.port, f"GET /{'a' * 9000} HTTP/1.1\r\n\r\n".encode())
