@@ -44,3 +44,17 @@ def test_interruptions_are_exported_by_their_label_value() -> None:
         'pg_exporter_requests_interrupted_total{reason="client"} 1.0',
         'pg_exporter_requests_interrupted_total{reason="write_timeout"} 2.0',
     ]
+
+
+def test_writing_holds_no_slot_but_a_writer_place() -> None:
+    """An answer being written counts as in flight and frees its slot for a scrape; past
+    ``write_limit`` answers being written, a new request is refused (issue 25)."""
+    admission = Admission(limit=2, write_limit=2)
+    with admission.writer(), admission.writer():
+        assert (admission.collecting, admission.writing, admission.active) == (0, 2, 2)
+        with admission.slot() as admitted:
+            assert not admitted  # two unread answers: the third request gets 503
+    with admission.writer(), admission.slot() as first, admission.slot() as second:
+        assert (first, second) == (True, True)  # a writer takes no slot
+        assert admission.active == 3
+    assert admission.active == 0

@@ -1,0 +1,92 @@
+"""Fleet-wide pages rendered once and shared (issue 25): :class:`Page` without a server."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import cast
+
+from exporter.web.fleet import Fleet
+from exporter.web.fleetpages import PAGE_SHARE, Page
+from exporter.web.metrics import Answer
+
+
+@dataclass
+class FakeFleet:
+    """All a page looks at: the declared targets, replaced by a reload."""
+
+    declared: object = field(default_factory=object)
+
+
+class Renderer:
+    """Counts renderings; each takes ``seconds`` and waits for ``release`` when set."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+        self.calls = 0
+        self.release: asyncio.Event | None = None
+
+    async def __call__(self, fleet: Fleet, variant: str) -> Answer:
+        self.calls += 1
+        if self.release is not None:
+            await self.release.wait()
+        await asyncio.sleep(self.seconds)
+        return Answer(f"{variant} {self.calls}".encode(), "text/plain")
+
+
+def _fleet() -> tuple[FakeFleet, Fleet]:
+    fake = FakeFleet()
+    return fake, cast(Fleet, fake)
+
+
+async def test_requests_during_a_rendering_share_it() -> None:
+    """Five requests while the page renders get the one answer it makes."""
+    render = Renderer()
+    render.release = asyncio.Event()
+    page = Page(render, live=True)
+    _, fleet = _fleet()
+    waiting = [asyncio.create_task(page.answer(fleet, "text")) for _ in range(5)]
+    await asyncio.sleep(0)
+    render.release.set()
+    answers = await asyncio.gather(*waiting)
+    assert render.calls == 1
+    assert all(answer is answers[0] for answer in answers)
+
+
+async def test_a_hang_up_does_not_stop_the_rendering_for_others() -> None:
+    """One requester cancelled while the page renders: the others still get it."""
+    render = Renderer()
+    render.release = asyncio.Event()
+    page = Page(render, live=False)
+    _, fleet = _fleet()
+    first = asyncio.create_task(page.answer(fleet, ""))
+    second = asyncio.create_task(page.answer(fleet, ""))
+    await asyncio.sleep(0)
+    first.cancel()
+    render.release.set()
+    assert (await second).body == b" 1"
+    assert render.calls == 1
+
+
+async def test_a_page_without_live_values_changes_only_with_the_fleet() -> None:
+    """/sd is rendered again only when a reload replaced the declared targets."""
+    render = Renderer()
+    page = Page(render, live=False)
+    fake, fleet = _fleet()
+    first = await page.answer(fleet, "")
+    assert await page.answer(fleet, "") is first
+    fake.declared = object()  # a reload
+    assert (await page.answer(fleet, "")).body == b" 2"
+
+
+async def test_a_live_page_is_rendered_again_once_stale() -> None:
+    """A live page is shared for its rendering time divided by PAGE_SHARE, then made
+    again; each variant apart."""
+    render = Renderer(seconds=0.02)  # fresh for about 0.4 s
+    page = Page(render, live=True)
+    _, fleet = _fleet()
+    first = await page.answer(fleet, "text")
+    assert await page.answer(fleet, "text") is first
+    assert (await page.answer(fleet, "html")).body == b"html 2"
+    await asyncio.sleep(0.02 / PAGE_SHARE + 0.1)
+    assert (await page.answer(fleet, "text")).body == b"text 3"
