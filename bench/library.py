@@ -4,7 +4,8 @@ Run from the repository root::
 
     .venv/bin/python -m bench.library                          # ours only
     .venv/bin/python -m bench.library --go-config PATH/pg_exporter.yml \\
-        [--go-binary PATH/pg_exporter] [--rounds 3] [--scrapes 20] [--json out.json]
+        [--go-binary PATH/pg_exporter] [--rounds 3] [--scrapes 20] [--json out.json] \\
+        [--top-branches 12]
 
 One throw-away PostgreSQL 18 primary holds the workload of issue 22: one extra
 database with 30 indexed tables, ``pg_stat_statements``, and a login role in
@@ -24,7 +25,9 @@ Exporters (``key``: what runs):
 
 Per pass (one scrape): exporter CPU (utime+stime), wall time of the scrape, database
 time and statements (``pg_stat_statements`` of the role: total_exec_time and calls,
-utility statements included), series (sample lines), RSS after the scrapes.
+utility statements included), series (sample lines), RSS after the scrapes. Below the
+tables, the branches of our library that cost the most database time in the uncached
+passes (``bench.statements``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import statements as per_branch
 from bench.cluster import REPO
 from bench.exporters import ExporterFailed, Launch, ours_python, running
 from bench.measure import ANY_SAMPLE, memory, process_cpu_seconds, scrape
@@ -71,6 +75,7 @@ class Options:
     go_binary: Path | None
     json_path: Path | None
     ready_timeout: float
+    top_branches: int = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,7 @@ class Pass:
     series: int
     rss_mib: float
     error: str = ""
+    branches: tuple[per_branch.Cost, ...] = ()  # ours, uncached: database time per branch
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -106,6 +112,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         help="a Go pg_exporter binary (needs --go-config)")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every pass as JSON")
     parser.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
+    parser.add_argument("--top-branches", type=int, default=12, metavar="N",
+                        help="list our N costliest branches, uncached (0: none)")  # fmt: skip
     args = parser.parse_args(argv)
     flavours = tuple(f.strip() for f in args.flavours.split(",") if f.strip())
     if not flavours or any(f not in FLAVOURS for f in flavours):
@@ -119,6 +127,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         scrapes=max(1, args.scrapes), warmup=max(0, args.warmup), rounds=max(1, args.rounds),
         flavours=flavours, go_config=args.go_config, go_binary=args.go_binary,
         json_path=args.json, ready_timeout=args.ready_timeout,
+        top_branches=max(0, args.top_branches),
     )  # fmt: skip
 
 
@@ -194,6 +203,7 @@ class Bench:
     cluster: LocalCluster
     options: Options
     workdir: Path  # exporter logs
+    queries: dict[str, str]  # branch key → folded SQL of our library, to name statements
 
 
 def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
@@ -219,8 +229,11 @@ def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
     calls, db_ms = role_totals(cluster)
     n = options.scrapes
     series = len(ANY_SAMPLE.findall(last.body)) if last is not None else 0
+    branches: tuple[per_branch.Cost, ...] = ()
+    if key == OURS and flavour == "uncached" and options.top_branches:
+        branches = tuple(per_branch.measure(cluster, ROLE, bench.queries, n))
     return Pass(key, flavour, rnd, cpu * 1000 / n, statistics.median(walls) * 1000,
-                db_ms / n, calls / n, series, rss)  # fmt: skip
+                db_ms / n, calls / n, series, rss, branches=branches)  # fmt: skip
 
 
 def exporters_of(options: Options) -> list[str]:
@@ -238,7 +251,7 @@ def run(options: Options) -> list[Pass]:
     passes: list[Pass] = []
     with LocalCluster(pg18_bindir(), settings=SERVER_SETTINGS) as cluster, _workdir() as workdir:
         populate(cluster)
-        bench = Bench(cluster, options, workdir)
+        bench = Bench(cluster, options, workdir, per_branch.branch_queries(REPO / "collectors"))
         for rnd in range(1, options.rounds + 1):
             for flavour in options.flavours:
                 for key in exporters_of(options):
@@ -290,6 +303,10 @@ def render(passes: list[Pass], options: Options) -> str:
             out.append(f"| {TITLES[key]} | " + " | ".join(cells) + " |")
         for peer in exporters_of(options)[1:]:
             out.append(_ratios(rows, peer))
+    trials = [list(p.branches) for p in passes if p.branches]
+    if trials:
+        out.append(f"\n### database time per branch, ours, uncached ({len(trials)} rounds)\n")
+        out.append(per_branch.render(trials, options.top_branches))
     return "\n".join(out)
 
 
