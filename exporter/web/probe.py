@@ -230,7 +230,8 @@ class HealthProbe:
                 self.reading = reading
                 self._publish(reading.status, error)
                 took = self._clock() - started
-                if took > SLOW_ANSWER and await _loop_busy():
+                # Only for an answer: nothing may delay abandoning a probe past its deadline.
+                if took > SLOW_ANSWER and task.done() and await _loop_busy():
                     took = 0.0  # the slowness was the loop's: no sign of the server's trouble
                 self._pace(reading, took=took)
             self.probed.set()
