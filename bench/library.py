@@ -203,7 +203,7 @@ class Bench:
     cluster: LocalCluster
     options: Options
     workdir: Path  # exporter logs
-    queries: dict[str, str]  # branch key → folded SQL of our library, to name statements
+    queries: dict[str, frozenset[str]]  # branch key → words of its SQL, to name statements
 
 
 def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:

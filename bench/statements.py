@@ -1,10 +1,12 @@
 """Database time per collector branch (issue 22): ``pg_stat_statements`` of the monitor
 role, each statement named by the branch whose SQL it is.
 
-pg_stat_statements keeps a statement's text with its constants replaced by ``$n``, so both
-texts are compared with every constant (and ``$n``) made ``?`` and spaces folded: a statement
-belongs to the branch of the same shape, else to the one sharing the longest prefix with
-it. Utility statements (``BEGIN``, ``SET``, ``COMMIT``) are named by their first word.
+pg_stat_statements keeps a statement's text with its constants replaced by ``$n`` (and takes
+more for constants than we can tell: ``epoch`` in ``extract(epoch FROM x)``, ``true``), so a
+statement belongs to the branch whose SQL shares the most words with it (Jaccard index of
+the sets of words outside string literals, at least ``MIN_SIMILARITY``); branches for other
+versions of a family differ in their column names. Utility statements (``BEGIN``, ``SET``,
+``COMMIT``) are named by their first word.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from exporter.loading import load_definitions
 from rigs.localpg import LocalCluster
 
 UTILITY = re.compile(r"\s*(BEGIN|SET|RESET|COMMIT|ROLLBACK|DISCARD)\b", re.IGNORECASE)
-CONSTANT = re.compile(r"\$\d+|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
-MIN_PREFIX = 20  # shorter shared prefixes are a coincidence (SELECT ... FROM), not a match
+STRING = re.compile(r"'(?:[^']|'')*'")
+WORD = re.compile(r"[a-z_][a-z0-9_]*")
+MIN_SIMILARITY = 0.6  # below, two texts share SQL words, not a branch
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,29 +41,27 @@ class Cost:
         return self.ms_per_call * self.calls_per_pass
 
 
-def branch_queries(config: Path) -> dict[str, str]:
-    """Branch key → the shape of its SQL, for every branch of a collector config."""
-    return {c.key: _shape(c.query) for c in load_definitions(str(config)).collectors}
+def branch_queries(config: Path) -> dict[str, frozenset[str]]:
+    """Branch key → the words of its SQL, for every branch of a collector config."""
+    return {c.key: _words(c.query) for c in load_definitions(str(config)).collectors}
 
 
-def name_of(text: str, queries: Mapping[str, str]) -> str:
+def name_of(text: str, queries: Mapping[str, frozenset[str]]) -> str:
     """The branch a statement belongs to, its first word for a utility, or ``other``."""
     utility = UTILITY.match(text)
     if utility:
         return utility.group(1).upper()
-    shape = _shape(text)
-    best, longest = "other", MIN_PREFIX - 1
-    for key, sql in queries.items():
-        if sql == shape:
-            return key
-        shared = _shared_prefix(shape, sql)
-        if shared > longest:
-            best, longest = key, shared
+    words = _words(text)
+    best, most = "other", MIN_SIMILARITY
+    for key, theirs in queries.items():
+        similarity = len(words & theirs) / len(words | theirs) if words or theirs else 0.0
+        if similarity > most:
+            best, most = key, similarity
     return best
 
 
 def measure(
-    cluster: LocalCluster, role: str, queries: Mapping[str, str], passes: int
+    cluster: LocalCluster, role: str, queries: Mapping[str, frozenset[str]], passes: int
 ) -> list[Cost]:
     """Per-branch figures of the role since its last pg_stat_statements reset."""
     rows = cluster.psql(
@@ -96,14 +97,5 @@ def render(trials: Iterable[list[Cost]], top: int) -> str:
     return "\n".join(out)
 
 
-def _shape(sql: str) -> str:
-    return " ".join(CONSTANT.sub("?", sql).split())
-
-
-def _shared_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _words(sql: str) -> frozenset[str]:
+    return frozenset(WORD.findall(STRING.sub(" ", sql.lower())))
