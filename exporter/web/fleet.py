@@ -62,6 +62,7 @@ class Member:
     asked_at: float = 0.0  # the event loop's time of the last health request
     _probing: asyncio.Task[None] | None = field(default=None, repr=False)
     _stopping: asyncio.Task[None] | None = field(default=None, repr=False)  # displaced
+    _closed: bool = field(default=False, repr=False)  # removed by a reload, or shut down
 
     def __post_init__(self) -> None:
         self.state.exporter.recovery_seen = self.probe.recovery_seen
@@ -90,7 +91,7 @@ class Member:
         if self._stopping is not None:  # displaced a moment ago: let it close its connection
             await asyncio.wait({self._stopping})
             self._stopping = None
-        if not self.probing:
+        if not self.probing and not self._closed:  # a reload may have removed it meanwhile
             token = TARGET.set(self.name)  # the probe task copies the context it starts in
             try:
                 self.probe.probed.clear()
@@ -125,6 +126,7 @@ class Member:
 
     async def close(self) -> None:
         """Stop the probe, let a pass in flight end, close every connection."""
+        self._closed = True
         for task in (self._probing, self._stopping):
             if task is not None:
                 task.cancel()

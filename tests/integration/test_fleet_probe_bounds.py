@@ -240,3 +240,13 @@ async def test_a_busy_loop_never_makes_a_healthy_primary_read_down(pg18: LocalCl
         await probe.close()
     assert Status.DOWN not in seen, seen
     assert probe.late_probes > 0  # the loop was late at some deadline: the test bit
+
+
+async def test_a_member_a_reload_removed_starts_no_probe(small_ceiling: Served) -> None:
+    """A request that reaches a target just as a reload removes it (it waited for a
+    displaced probe to close, say) starts no probe that nobody could stop."""
+    fleet = fleet_of(small_ceiling)
+    gone = member(small_ceiling, "a")
+    await gone.close()
+    await fleet.health(gone)
+    assert not gone.probing
