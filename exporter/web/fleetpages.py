@@ -3,9 +3,10 @@
 
 The three fleet-wide pages cost the event loop little however large the fleet (issue
 25): each is rendered at most once per freshness period, or again when a reload changes
-the fleet, and shared by every request meanwhile; the members are read in small chunks
-between which the loop serves other requests, and the text is formatted off the loop.
-Each page has its own admission: its answers are written under the same write deadlines
+the fleet, and shared by every request meanwhile. The members are read and their lines
+formatted in small chunks, between which the loop serves other requests (not in a worker
+thread: pure-Python work there holds the interpreter lock, and under a flood of requests
+the loop would wait for it at every socket call). Each page has its own admission: its answers are written under the same write deadlines
 as a scrape's, and past a few unread answers further requests get 503 at once.
 """
 
@@ -155,11 +156,13 @@ async def _metrics_answer(fleet: Fleet, _variant: str) -> Answer:
     gate = fleet.gate
     ceiling = (gate.limit, gate.active, gate.waiting, gate.entered, gate.waited, gate.refused,
                gate.wait_seconds)  # fmt: skip
-    runtime = runtime_families(fleet.settings.const_labels)
     namespace = f"{fleet.settings.effective_namespace()}_exporter_fleet"
-    body = await asyncio.to_thread(
-        _encode_metrics, namespace, fleet.settings.const_labels, ceiling, rows, runtime
-    )
+    const = fleet.settings.const_labels
+    families = ceiling_families(namespace, const, ceiling, len(rows))
+    for start in range(0, len(rows), READ_CHUNK):  # same-name families merge when encoded
+        families.extend(target_families(namespace, const, rows[start : start + READ_CHUNK]))
+        await asyncio.sleep(0)
+    body = encode([*families, *runtime_families(const)], Format.TEXT)  # joins rendered text
     return Answer(body, content_type(Format.TEXT))
 
 
@@ -187,41 +190,20 @@ def _metrics_row(member: Member) -> _MetricsRow:
     )
 
 
-def _encode_metrics(
-    namespace: str,
-    const: Sequence[tuple[str, str]],
-    ceiling: tuple[int, int, int, int, int, int, float],
-    rows: Sequence[_MetricsRow],
-    runtime: list[Family],
-) -> bytes:
-    """The fleet's self-metrics (in a worker thread: it reads only its arguments)."""
-    return encode([*fleet_families(namespace, const, ceiling, rows), *runtime], Format.TEXT)
+Ceiling = tuple[int, int, int, int, int, int, float]  # the gate's figures, in this order
 
 
-def fleet_families(
-    ns: str,
-    const: Sequence[tuple[str, str]],
-    ceiling: tuple[int, int, int, int, int, int, float],
-    rows: Sequence[_MetricsRow],
+def ceiling_families(
+    ns: str, const: Sequence[tuple[str, str]], ceiling: Ceiling, targets: int
 ) -> list[Family]:
-    """Self-metrics of the fleet: the ceiling's use, and per target its state."""
+    """Self-metrics of the fleet as a whole: its size and the ceiling's use."""
     limit, active, waiting, entered, waited, refused, wait_seconds = ceiling
 
-    def family(suffix: str, kind: str, help_: str, samples: Samples) -> Family:
-        rows = [((*labels, *const), value) for labels, value in samples]
-        return make_family(f"{ns}_{suffix}", kind, help_, rows)
-
     def single(suffix: str, kind: str, help_: str, value: float) -> Family:
-        return family(suffix, kind, help_, [((), value)])
+        return make_family(f"{ns}_{suffix}", kind, help_, [(tuple(const), value)])
 
-    def per_target(value: Callable[[_MetricsRow], float]) -> Samples:
-        return [((("target", r.name),), value(r)) for r in rows]
-
-    health: Samples = [  # only targets whose health is being asked about are probed
-        ((("target", r.name), ("status", r.health)), 1.0) for r in rows if r.health is not None
-    ]
     return [
-        single("targets", "gauge", "targets the targets file declares", float(len(rows))),
+        single("targets", "gauge", "targets the targets file declares", float(targets)),
         single("max_concurrent", "gauge", "most targets collected at once", float(limit)),
         single("collecting", "gauge", "targets being collected right now", float(active)),
         single("waiting", "gauge", "passes waiting for a place under the ceiling",
@@ -235,6 +217,25 @@ def fleet_families(
                float(refused)),
         single("wait_seconds_total", "counter", "seconds passes spent waiting for a place",
                wait_seconds),
+    ]  # fmt: skip
+
+
+def target_families(
+    ns: str, const: Sequence[tuple[str, str]], rows: Sequence[_MetricsRow]
+) -> list[Family]:
+    """Self-metrics of each target of ``rows``: its state as the fleet sees it."""
+
+    def family(suffix: str, kind: str, help_: str, samples: Samples) -> Family:
+        labelled = [((*labels, *const), value) for labels, value in samples]
+        return make_family(f"{ns}_{suffix}", kind, help_, labelled)
+
+    def per_target(value: Callable[[_MetricsRow], float]) -> Samples:
+        return [((("target", r.name),), value(r)) for r in rows]
+
+    health: Samples = [  # only targets whose health is being asked about are probed
+        ((("target", r.name), ("status", r.health)), 1.0) for r in rows if r.health is not None
+    ]
+    return [
         family("target_up", "gauge", "1 when the target answered its last pass",
                per_target(lambda r: r.up)),
         family("target_health", "gauge",
@@ -259,9 +260,8 @@ async def service_discovery_handler(request: web.Request) -> web.StreamResponse:
 
 
 async def _sd_answer(fleet: Fleet, _variant: str) -> Answer:
-    groups = await read_members(fleet, _sd_group)
-    body = await asyncio.to_thread(lambda: json.dumps(groups).encode())
-    return Answer(body, "application/json; charset=utf-8")
+    groups = await read_members(fleet, lambda member: json.dumps(_sd_group(member)))
+    return Answer(f"[{', '.join(groups)}]".encode(), "application/json; charset=utf-8")
 
 
 def _sd_group(member: Member) -> dict[str, object]:
@@ -294,10 +294,9 @@ async def _targets_answer(fleet: Fleet, variant: str) -> Answer:
         f"per target: /probe?target=NAME, /stat?target=NAME, /explain?target=NAME, "
         f"/primary?target=NAME (and every health path)\n\n"
     )
-    text = await asyncio.to_thread(_table, summary, rows)
+    text = summary + await _table(rows)
     if variant == "html":
-        page = await asyncio.to_thread(html_page, FLEET_PAGE.strip("/"), text)
-        return Answer(page.encode(), "text/html; charset=utf-8")
+        return Answer(html_page(FLEET_PAGE.strip("/"), text).encode(), "text/html; charset=utf-8")
     return Answer(text.encode(), "text/plain; charset=utf-8")
 
 
@@ -318,10 +317,19 @@ def _targets_row(member: Member, now: float) -> tuple[str, ...]:
     )
 
 
-def _table(summary: str, rows: Sequence[tuple[str, ...]]) -> str:
-    """The summary and the rows as aligned columns (in a worker thread)."""
-    table = [_HEADER, *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(_HEADER))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in table]  # fmt: skip
-    return summary + "\n".join(lines) + "\n"
+async def _table(rows: Sequence[tuple[str, ...]]) -> str:
+    """The header and ``rows`` as aligned columns, a chunk at a time."""
+    widths = [len(cell) for cell in _HEADER]
+    for start in range(0, len(rows), READ_CHUNK):
+        for row in rows[start : start + READ_CHUNK]:
+            widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+        await asyncio.sleep(0)
+    lines = [_line(_HEADER, widths)]
+    for start in range(0, len(rows), READ_CHUNK):
+        lines.extend(_line(row, widths) for row in rows[start : start + READ_CHUNK])
+        await asyncio.sleep(0)
+    return "\n".join(lines) + "\n"
+
+
+def _line(row: tuple[str, ...], widths: list[int]) -> str:
+    return "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()

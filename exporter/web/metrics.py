@@ -92,7 +92,7 @@ async def expose(request: web.Request, state: State, *, runtime: bool = True) ->
     leaves them to /metrics)."""
     with state.admission.slot() as admitted:  # released on every exit path (B3)
         if not admitted:  # B1, D12: at once, no SQL, no queueing
-            return web.Response(status=503, text=_BUSY.format(state.admission.limit))
+            return web.Response(status=503, text=_busy(state.admission))
         budget = Budget.starting_now(
             budget_seconds(request.headers.get(SCRAPE_TIMEOUT_HEADER)),
             client_gone=lambda: _client_gone(request),
@@ -125,7 +125,17 @@ async def _render(
     return Answer(body, content_type(fmt))  # the lock is already released (B20)
 
 
-_BUSY = "too many concurrent scrapes ({} are being served); try again later\n"
+def _busy(admission: Admission) -> str:
+    if admission.collecting >= admission.limit:
+        return (
+            f"too many concurrent scrapes ({admission.limit} are being served); try again later\n"
+        )
+    return (
+        f"too many concurrent scrapes ({admission.writing} answers are being sent to clients "
+        "that do not read them); try again later\n"
+    )
+
+
 _OUT_OF_BUDGET = (
     "the scrape's budget ran out before the collection pass finished; "
     "collectors that completed are cached for the next scrape\n"
