@@ -99,8 +99,8 @@ def content_type(fmt: Format) -> str:
 
 def format_value(v: float | int) -> str:
     """A sample value: ints as ints, floats as their shortest repr, NaN, +Inf, -Inf."""
-    if type(v) is int:
-        return str(v)
+    if type(v) is float and math.isfinite(v):  # the common case first: one call per sample
+        return repr(v)
     if isinstance(v, bool):
         return "1" if v else "0"
     if isinstance(v, int):
@@ -221,6 +221,24 @@ def _counts(value: bytes) -> bool:
     return number >= 0  # False for NaN too; -0 is zero
 
 
+#: Label blocks of self-metric samples, by their pairs: the same (database, collector)
+#: pairs recur in every per-collector family of every scrape. Emptied when full.
+_LABEL_BLOCKS: dict[tuple[tuple[str, str], ...], str] = {}
+LABEL_BLOCKS_MAX = 50_000
+
+
+def cached_label_block(labels: Sequence[tuple[str, str]]) -> str:
+    """:func:`label_block`, remembered for a tuple of pairs (the self-metrics' hot path)."""
+    if type(labels) is not tuple:
+        return label_block(labels)
+    block = _LABEL_BLOCKS.get(labels)
+    if block is None:
+        if len(_LABEL_BLOCKS) >= LABEL_BLOCKS_MAX:
+            _LABEL_BLOCKS.clear()  # databases or collectors come and go: start afresh
+        block = _LABEL_BLOCKS[labels] = label_block(labels)
+    return block
+
+
 def make_family(
     name: str,
     kind: str,
@@ -228,8 +246,9 @@ def make_family(
     samples: Iterable[tuple[Sequence[tuple[str, str]], float]],
 ) -> Family:
     """A family from (label pairs, value) samples, e.g. for self-metrics."""
-    lines = [f"{name}{label_block(labels)} {format_value(value)}\n" for labels, value in samples]
-    return Family(name, kind, help, len(lines), "".join(lines).encode("utf-8", "replace"))
+    lines = [f"{cached_label_block(labels)} {format_value(value)}" for labels, value in samples]
+    text = name + ("\n" + name).join(lines) + "\n" if lines else ""
+    return Family(name, kind, help, len(lines), text.encode("utf-8", "replace"))
 
 
 def encode(

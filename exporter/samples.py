@@ -25,15 +25,15 @@ from exporter.exposition import Family, escape_label_value, format_value, go_flo
 class _Plain:
     """A GAUGE or COUNTER column present in the result, with its rendered lines."""
 
-    __slots__ = ("column", "index", "kind", "lines", "name", "null_text")
+    __slots__ = ("column", "help", "index", "kind", "name", "null_text")
 
     def __init__(self, collector: Collector, column: Column, index: int) -> None:
         self.column, self.index = column, index
         self.name = collector.metric_name(column)
+        self.help = _help(collector, column)
         self.kind = "counter" if column.usage is Usage.COUNTER else "gauge"
         null = NAN if column.default is None else to_number(column.default, column.scale)
         self.null_text = format_value(null)
-        self.lines: list[str] = []  # label block + " " + value, without the metric name
 
     def render(self, value: object) -> str:
         """One cell, by the general rules."""
@@ -71,20 +71,21 @@ class _Bins:
 
 
 class _Histogram:
-    """A HISTOGRAM column: observations folded into bins per label tuple."""
+    """A HISTOGRAM column: observations folded into bins (one dict per execution) per
+    label tuple."""
 
-    __slots__ = ("base", "bins", "bounds", "column", "index", "le_parts")
+    __slots__ = ("base", "bounds", "column", "help", "index", "le_parts")
 
     def __init__(self, collector: Collector, column: Column, index: int) -> None:
         self.column, self.index = column, index
         self.base = collector.metric_name(column)
+        self.help = _help(collector, column)
         self.bounds = column.buckets
         self.le_parts = [f'le="{go_float(b)}"}} ' for b in (*column.buckets, math.inf)]
-        self.bins: dict[str, _Bins] = {}
 
-    def observe(self, keys: list[str], values: Iterable[object]) -> None:
-        """Fold one batch in; NULL (without default) and NaN are not observations."""
-        bins, bounds, size = self.bins, self.bounds, len(self.bounds) + 1
+    def observe(self, bins: dict[str, _Bins], keys: list[str], values: Iterable[object]) -> None:
+        """Fold one batch into ``bins``; NULL (without default) and NaN are not observations."""
+        bounds, size = self.bounds, len(self.bounds) + 1
         default, scale = self.column.default, self.column.scale
         for key, raw in zip(keys, values, strict=True):
             acc = bins.get(key)
@@ -100,22 +101,27 @@ class _Histogram:
                 acc.counts[bisect_left(bounds, number)] += 1
                 acc.total += number
 
-    def families(self, help: str) -> list[Family]:
-        """The ``_bucket``, ``_count`` and ``_sum`` families, all gauges."""
+    def families(self, bins: dict[str, _Bins]) -> list[Family]:
+        """The ``_bucket``, ``_count`` and ``_sum`` families of ``bins``, all gauges."""
         buckets: list[str] = []
-        for key, acc in self.bins.items():
+        for key, acc in bins.items():
             opening = "{" if key == " " else key[:-2] + ","
             cumulative = accumulate(acc.counts)
             buckets.extend(
                 f"{opening}{le}{n}" for le, n in zip(self.le_parts, cumulative, strict=True)
             )
-        counts = [f"{key}{sum(acc.counts)}" for key, acc in self.bins.items()]
-        sums = [f"{key}{format_value(acc.total)}" for key, acc in self.bins.items()]
+        counts = [f"{key}{sum(acc.counts)}" for key, acc in bins.items()]
+        sums = [f"{key}{format_value(acc.total)}" for key, acc in bins.items()]
         return [
-            _family(self.base + "_bucket", "gauge", help, buckets),
-            _family(self.base + "_count", "gauge", help, counts),
-            _family(self.base + "_sum", "gauge", help, sums),
+            _family(self.base + "_bucket", "gauge", self.help, buckets),
+            _family(self.base + "_count", "gauge", self.help, counts),
+            _family(self.base + "_sum", "gauge", self.help, sums),
         ]
+
+
+def _help(collector: Collector, column: Column) -> str:
+    """A value column's HELP text: its description, else where it comes from."""
+    return column.description or f"{collector.key} column {column.name}"
 
 
 def _family(name: str, kind: str, help: str, lines: list[str]) -> Family:
@@ -124,48 +130,29 @@ def _family(name: str, kind: str, help: str, lines: list[str]) -> Family:
     return Family(name, kind, help, len(lines), text.encode("utf-8", "replace"))
 
 
-class SampleBuilder:
-    """Rows of one collector execution → families; feed batches, then finish once.
+class _Layout:
+    """What a builder needs that depends only on the collector, the result's column names
+    and the const labels: decided once and shared by every execution (and database)."""
 
-    After an exception the builder is unusable: the execution publishes nothing.
-    """
+    __slots__ = ("collector", "histogram_width", "histograms", "label_getters", "outputs",
+                 "plain", "template", "warnings")  # fmt: skip
 
     def __init__(
         self,
         collector: Collector,
         column_names: Sequence[str],
         const_labels: Sequence[tuple[str, str]],
-        max_series: int | None,
     ) -> None:
+        index = _index_columns(collector, column_names)
         self.collector = collector
-        self.max_series = max_series
+        self.label_getters = [itemgetter(index[c.name]) for c in collector.label_columns]
+        self.template = _label_template(collector.label_columns, const_labels)
         self.warnings: list[str] = []
-        self.series = 0
-        index = self._index_columns(collector, column_names)
-        self._label_getters = [itemgetter(index[c.name]) for c in collector.label_columns]
-        self._template = _label_template(collector.label_columns, const_labels)
-        self._outputs = self._value_outputs(index)  # in column order
-        self._plain = [o for o in self._outputs if isinstance(o, _Plain)]
-        self._histograms = [o for o in self._outputs if isinstance(o, _Histogram)]
-        self._seen: set[str] = set()  # label blocks of plain series already emitted
-        self._histogram_keys: set[str] = set()
-        self._histogram_width = sum(len(h.bounds) + 3 for h in self._histograms)
-
-    @staticmethod
-    def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[str, int]:
-        """Result position of each column name; a missing LABEL or HISTOGRAM column fails."""
-        index: dict[str, int] = {}
-        for position, name in enumerate(column_names):
-            index.setdefault(name, position)
-        for column in collector.columns:
-            if column.usage in (Usage.LABEL, Usage.HISTOGRAM) and column.name not in index:
-                raise MissingColumnError(
-                    f"collector {collector.key}: column {column.name} ({column.usage.value}) "
-                    f"is missing from the result; the query returned "
-                    f"{', '.join(column_names) or 'no columns'}; fix the query or the metrics "
-                    f"list{' in ' + collector.source if collector.source else ''}"
-                )
-        return index
+        self.outputs = self._value_outputs(index)  # in column order
+        # (position in outputs, output): an execution keeps its lines and bins by position.
+        self.plain = [(n, o) for n, o in enumerate(self.outputs) if isinstance(o, _Plain)]
+        self.histograms = [(n, o) for n, o in enumerate(self.outputs) if isinstance(o, _Histogram)]
+        self.histogram_width = sum(len(h.bounds) + 3 for _, h in self.histograms)
 
     def _value_outputs(self, index: dict[str, int]) -> list[_Plain | _Histogram]:
         """One output per value column found; a missing GAUGE/COUNTER is only a warning."""
@@ -183,30 +170,96 @@ class SampleBuilder:
                 )
         return outputs
 
+
+def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[str, int]:
+    """Result position of each column name; a missing LABEL or HISTOGRAM column fails."""
+    index: dict[str, int] = {}
+    for position, name in enumerate(column_names):
+        index.setdefault(name, position)
+    for column in collector.columns:
+        if column.usage in (Usage.LABEL, Usage.HISTOGRAM) and column.name not in index:
+            raise MissingColumnError(
+                f"collector {collector.key}: column {column.name} ({column.usage.value}) "
+                f"is missing from the result; the query returned "
+                f"{', '.join(column_names) or 'no columns'}; fix the query or the metrics "
+                f"list{' in ' + collector.source if collector.source else ''}"
+            )
+    return index
+
+
+_LayoutKey = tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]]
+#: Layouts by (collector's id, column names, const labels). Each entry holds its collector,
+#: so that id names no other collector while the entry stands; reloaded collectors get
+#: entries of their own, and the table is emptied when full (issue 22: a layout costs
+#: about as much as rendering a small result).
+_LAYOUTS: dict[_LayoutKey, _Layout] = {}
+LAYOUTS_MAX = 4096
+
+
+def layout_of(
+    collector: Collector, column_names: Sequence[str], const_labels: Sequence[tuple[str, str]]
+) -> _Layout:
+    """The collector's layout for a result with these columns, made on first use."""
+    key = (id(collector), tuple(column_names), tuple(const_labels))
+    layout = _LAYOUTS.get(key)
+    if layout is None or layout.collector is not collector:
+        made = _Layout(collector, column_names, const_labels)  # may raise: nothing kept
+        if len(_LAYOUTS) >= LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = made
+    return layout
+
+
+class SampleBuilder:
+    """Rows of one collector execution → families; feed batches, then finish once.
+
+    After an exception the builder is unusable: the execution publishes nothing.
+    """
+
+    def __init__(
+        self,
+        collector: Collector,
+        column_names: Sequence[str],
+        const_labels: Sequence[tuple[str, str]],
+        max_series: int | None,
+    ) -> None:
+        self.collector = collector
+        self.max_series = max_series
+        self.series = 0
+        self._layout = layout = layout_of(collector, column_names, const_labels)
+        self.warnings = list(layout.warnings)
+        # Rendered lines (label block + " " + value, without the metric name) and
+        # histogram bins of this execution, by the output's position.
+        self._lines: dict[int, list[str]] = {n: [] for n, _ in layout.plain}
+        self._bins: dict[int, dict[str, _Bins]] = {n: {} for n, _ in layout.histograms}
+        self._seen: set[str] = set()  # label blocks of plain series already emitted
+        self._histogram_keys: set[str] = set()
+
     def add_rows(self, rows: Iterable[Sequence[object]]) -> None:
         """Render one batch of rows; raises TooManySeriesError above the cap and
         RepeatedLabelsError when GAUGE or COUNTER rows repeat a label set."""
         batch = rows if isinstance(rows, list) else list(rows)
         if not batch:
             return
+        layout = self._layout
         keys = self._label_blocks(batch)
-        if self._plain:
+        if layout.plain:
             self._check_unique(keys)
-        new_keys = set(keys) - self._histogram_keys if self._histograms else set()
-        self._count(len(batch) * len(self._plain) + len(new_keys) * self._histogram_width)
+        new_keys = set(keys) - self._histogram_keys if layout.histograms else set()
+        self._count(len(batch) * len(layout.plain) + len(new_keys) * layout.histogram_width)
         self._histogram_keys |= new_keys
-        for plain in self._plain:
+        for n, plain in layout.plain:
             values = list(map(itemgetter(plain.index), batch))
-            plain.lines.extend(map(add, keys, plain.render_all(values)))
-        for histogram in self._histograms:
-            histogram.observe(keys, map(itemgetter(histogram.index), batch))
+            self._lines[n].extend(map(add, keys, plain.render_all(values)))
+        for n, histogram in layout.histograms:
+            histogram.observe(self._bins[n], keys, map(itemgetter(histogram.index), batch))
 
     def _label_blocks(self, batch: list[Sequence[object]]) -> list[str]:
         """One ``{labels} `` string per row (const labels included)."""
-        template = self._template
-        if not self._label_getters:
+        template, getters = self._layout.template, self._layout.label_getters
+        if not getters:
             return [template] * len(batch)
-        columns = [_label_column(list(map(g, batch))) for g in self._label_getters]
+        columns = [_label_column(list(map(g, batch))) for g in getters]
         return list(map(template.__mod__, zip(*columns, strict=True)))
 
     def _check_unique(self, keys: list[str]) -> None:
@@ -240,13 +293,11 @@ class SampleBuilder:
     def finish(self) -> tuple[Family, ...]:
         """One family per metric family that got series, in column order."""
         families: list[Family] = []
-        for output in self._outputs:
-            column = output.column
-            help = column.description or f"{self.collector.key} column {column.name}"
+        for n, output in enumerate(self._layout.outputs):
             if isinstance(output, _Plain):
-                families.append(_family(output.name, output.kind, help, output.lines))
+                families.append(_family(output.name, output.kind, output.help, self._lines[n]))
             else:
-                families.extend(output.families(help))
+                families.extend(output.families(self._bins[n]))
         return tuple(f for f in families if f.series)
 
 

@@ -11,6 +11,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+from exporter import exposition
 from exporter.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
@@ -346,3 +347,20 @@ def test_openmetrics_leaves_out_counter_samples_no_counter_may_have() -> None:
     text = encode([lsn], Format.TEXT).decode()
     assert 'pg_receive_lsn{s="a"} NaN\n' in text
     assert 'pg_receive_lsn{s="b"} -1\n' in text
+
+
+def test_make_family_label_blocks_are_remembered_within_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Self-metrics render each (database, collector) label block once, not once per
+    family; the table of blocks stays under its bound, and lists of pairs still work."""
+    monkeypatch.setattr(exposition, "_LABEL_BLOCKS", {})
+    monkeypatch.setattr(exposition, "LABEL_BLOCKS_MAX", 4)
+    pairs = [((("datname", f"d{n}"), ("query", 'q"x')), float(n)) for n in range(10)]
+    for _ in range(3):
+        family = make_family("m", "gauge", "h", pairs)
+        assert family.text_samples.decode().splitlines()[9] == 'm{datname="d9",query="q\\"x"} 9.0'
+        assert len(exposition._LABEL_BLOCKS) <= 4
+    listed = make_family("m", "gauge", "h", [([("a", "b")], 1)])
+    assert listed.text_samples == b'm{a="b"} 1\n'
+    assert make_family("m", "gauge", "h", []).text_samples == b""

@@ -11,11 +11,12 @@ from decimal import Decimal
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+from exporter import samples
 from exporter.casting import label_text, to_number
 from exporter.definitions import Collector, Column, Usage
 from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError
 from exporter.exposition import Family, Format, encode
-from exporter.samples import SampleBuilder
+from exporter.samples import SampleBuilder, layout_of
 
 UTC = dt.UTC
 
@@ -480,3 +481,52 @@ def test_family_bytes_are_computed_once() -> None:
     for fmt in Format:
         assert all(f.body(fmt) is f.body(fmt) for f in families)
         assert all(f.header(fmt) is f.header(fmt) for f in families)
+
+
+def test_executions_of_one_collector_share_a_layout_but_not_their_series() -> None:
+    """The per-collector layout is made once; each execution publishes only its own rows
+    and histogram observations, and says its own missing-column warnings."""
+    collector = _collector(
+        Column("k", Usage.LABEL),
+        Column("v", Usage.GAUGE),
+        Column("h", Usage.HISTOGRAM, buckets=(1.0,)),
+        Column("gone", Usage.GAUGE),
+    )
+    names = ["k", "v", "h"]
+    first = SampleBuilder(collector, names, [], None)
+    first.add_rows([("a", 1, 0.5)])
+    first.finish()
+    second = SampleBuilder(collector, names, [], None)
+    second.add_rows([("b", 2, 2.0)])
+    text = encode(second.finish(), Format.TEXT).decode()
+    assert layout_of(collector, names, []) is layout_of(collector, names, ())
+    assert 'k="a"' not in text
+    assert _samples(text) == [
+        'pg_t_v{k="b"} 2',
+        'pg_t_h_bucket{k="b",le="1"} 0',
+        'pg_t_h_bucket{k="b",le="+Inf"} 1',
+        'pg_t_h_count{k="b"} 1',
+        'pg_t_h_sum{k="b"} 2.0',
+    ]
+    assert second.warnings == first.warnings
+    assert len(second.warnings) == 1
+
+
+def test_a_layout_belongs_to_its_result_columns_and_const_labels() -> None:
+    """Another column order or other const labels get a layout of their own."""
+    collector = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE))
+    assert _samples(_render(collector, ["k", "v"], [("a", 1)])) == ['pg_t_v{k="a"} 1']
+    assert _samples(_render(collector, ["v", "k"], [(2, "b")])) == ['pg_t_v{k="b"} 2']
+    assert _samples(_render(collector, ["k", "v"], [("c", 3)], [("env", "x")])) == [
+        'pg_t_v{k="c",env="x"} 3'
+    ]
+
+
+def test_the_layout_table_is_emptied_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reloads make new collectors: the table of layouts never grows past its bound."""
+    monkeypatch.setattr(samples, "_LAYOUTS", {})
+    monkeypatch.setattr(samples, "LAYOUTS_MAX", 3)
+    for n in range(10):
+        collector = _collector(Column("v", Usage.GAUGE), key=f"pg_{n}")
+        assert _samples(_render(collector, ["v"], [(n,)])) == [f"pg_{n}_v {n}"]
+        assert len(samples._LAYOUTS) <= 3
