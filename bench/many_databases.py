@@ -30,6 +30,7 @@ from rigs.localpg import LocalCluster, free_port, pg18_bindir
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = 20
+POPULATE_BATCH = 20  # databases created per psql call
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +53,10 @@ def _populate(cluster: LocalCluster, count: int) -> None:
     )
     cluster.psql("CREATE DATABASE bench_template;")
     cluster.psql(tables, dbname="bench_template")
-    cluster.psql(
-        "\n".join(f"CREATE DATABASE db{n:03d} TEMPLATE bench_template;" for n in range(count))
-    )
+    # In batches: one psql call for 200 databases outlasts its timeout on a loaded machine.
+    for start in range(0, count, POPULATE_BATCH):
+        names = range(start, min(start + POPULATE_BATCH, count))
+        cluster.psql("\n".join(f"CREATE DATABASE db{n:03d} TEMPLATE bench_template;" for n in names))
 
 
 class Sampler(threading.Thread):
