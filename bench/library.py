@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python -m bench.library                          # ours only
     .venv/bin/python -m bench.library --go-config PATH/pg_exporter.yml \\
         [--go-binary PATH/pg_exporter] [--rounds 3] [--scrapes 20] [--json out.json] \\
-        [--top-branches 12]
+        [--top-branches 12] [--collectors DIR]
 
 One throw-away PostgreSQL 18 primary holds the workload of issue 22: one extra
 database with 30 indexed tables, ``pg_stat_statements``, and a login role in
@@ -76,6 +76,7 @@ class Options:
     json_path: Path | None
     ready_timeout: float
     top_branches: int = 12
+    collectors: Path = REPO / "collectors"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     parser.add_argument("--top-branches", type=int, default=12, metavar="N",
                         help="list our N costliest branches, uncached (0: none)")  # fmt: skip
+    parser.add_argument("--collectors", type=Path, metavar="DIR", default=REPO / "collectors",
+                        help="our library (default: collectors/)")  # fmt: skip
     args = parser.parse_args(argv)
     flavours = tuple(f.strip() for f in args.flavours.split(",") if f.strip())
     if not flavours or any(f not in FLAVOURS for f in flavours):
@@ -121,13 +124,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     for flag, path in (("--go-config", args.go_config), ("--go-binary", args.go_binary)):
         if path is not None and not path.is_file():
             parser.error(f"{flag} {path}: no such file")
+    if not args.collectors.is_dir():
+        parser.error(f"--collectors {args.collectors}: no such directory")
     if args.go_binary is not None and args.go_config is None:
         parser.error("--go-binary needs --go-config (the Go binary has no built-in library)")
     return Options(
         scrapes=max(1, args.scrapes), warmup=max(0, args.warmup), rounds=max(1, args.rounds),
         flavours=flavours, go_config=args.go_config, go_binary=args.go_binary,
         json_path=args.json, ready_timeout=args.ready_timeout,
-        top_branches=max(0, args.top_branches),
+        top_branches=max(0, args.top_branches), collectors=args.collectors,
     )  # fmt: skip
 
 
@@ -162,7 +167,7 @@ def launch(key: str, flavour: str, url: str, options: Options) -> Launch:
                 # 100 ms by default: too tight for a machine loaded by other work.
                 "--connect-timeout=2000", *uncached)  # fmt: skip
         return Launch(key, argv, port)
-    config = options.go_config if key == OURS_GO_CONFIG else REPO / "collectors"
+    config = options.go_config if key == OURS_GO_CONFIG else options.collectors
     argv = (ours_python(), "-m", "exporter", "--url", url, "--config", str(config),
             "--web.listen-address", listen, "--log.level", "warn", *uncached)  # fmt: skip
     return Launch(key, argv, port)
@@ -251,7 +256,7 @@ def run(options: Options) -> list[Pass]:
     passes: list[Pass] = []
     with LocalCluster(pg18_bindir(), settings=SERVER_SETTINGS) as cluster, _workdir() as workdir:
         populate(cluster)
-        bench = Bench(cluster, options, workdir, per_branch.branch_queries(REPO / "collectors"))
+        bench = Bench(cluster, options, workdir, per_branch.branch_queries(options.collectors))
         for rnd in range(1, options.rounds + 1):
             for flavour in options.flavours:
                 for key in exporters_of(options):
