@@ -6,8 +6,9 @@ The three fleet-wide pages cost the event loop little however large the fleet (i
 the fleet, and shared by every request meanwhile. The members are read and their lines
 formatted in small chunks, between which the loop serves other requests (not in a worker
 thread: pure-Python work there holds the interpreter lock, and under a flood of requests
-the loop would wait for it at every socket call). Each page has its own admission: its answers are written under the same write deadlines
-as a scrape's, and past a few unread answers further requests get 503 at once.
+the loop would wait for it at every socket call). Each page has its own admission: its
+answers are written under the same write deadlines as a scrape's, and past a few unread
+answers further requests get 503 at once.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ async def probe_handler(request: web.Request) -> web.StreamResponse:
 class _Rendered:
     answer: Answer
     declared: Declared  # the targets it shows: a reload replaces the fleet's
-    made: float  # event-loop time
+    made: float  # the page's clock
     fresh_for: float  # seconds
 
 
@@ -65,8 +66,15 @@ class Page:
     """One fleet-wide page: its rendered answers (one per variant, e.g. text or HTML),
     shared until stale, made by one rendering at a time; and its own admission."""
 
-    def __init__(self, make: Callable[[Fleet, str], Awaitable[Answer]], *, live: bool) -> None:
+    def __init__(
+        self,
+        make: Callable[[Fleet, str], Awaitable[Answer]],
+        *,
+        live: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.make = make
+        self.clock = clock
         self.live = live  # shows values that change without a reload
         self.admission = Admission()
         self.renderings = 0
@@ -76,7 +84,7 @@ class Page:
     async def answer(self, fleet: Fleet, variant: str) -> Answer:
         """The page as rendered lately enough, or as the rendering in flight makes it."""
         rendered = self._rendered.get(variant)
-        now = asyncio.get_running_loop().time()
+        now = self.clock()
         if (
             rendered
             and rendered.declared is fleet.declared
@@ -91,10 +99,9 @@ class Page:
         return (await asyncio.shield(making)).answer  # a hang-up stops no other request
 
     async def _render(self, fleet: Fleet, variant: str) -> _Rendered:
-        loop = asyncio.get_running_loop()
-        declared, started = fleet.declared, loop.time()
+        declared, started = fleet.declared, self.clock()
         answer = await self.make(fleet, variant)
-        made = loop.time()
+        made = self.clock()
         self.renderings += 1
         fresh_for = min((made - started) / PAGE_SHARE, MAX_PAGE_AGE) if self.live else math.inf
         self._rendered[variant] = rendered = _Rendered(answer, declared, made, fresh_for)

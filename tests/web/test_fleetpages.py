@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from exporter.web.fleet import Fleet
-from exporter.web.fleetpages import PAGE_SHARE, Page
+from exporter.web.fleetpages import MAX_PAGE_AGE, PAGE_SHARE, Page
 from exporter.web.metrics import Answer
+from tests.clock import FakeClock
 
 
 @dataclass
@@ -19,10 +20,12 @@ class FakeFleet:
 
 
 class Renderer:
-    """Counts renderings; each takes ``seconds`` and waits for ``release`` when set."""
+    """Counts renderings; each moves ``clock`` by ``took`` and waits for ``release``
+    when set."""
 
-    def __init__(self, seconds: float = 0.0) -> None:
-        self.seconds = seconds
+    def __init__(self, clock: FakeClock | None = None, took: float = 0.0) -> None:
+        self.clock = clock
+        self.took = took
         self.calls = 0
         self.release: asyncio.Event | None = None
 
@@ -30,7 +33,8 @@ class Renderer:
         self.calls += 1
         if self.release is not None:
             await self.release.wait()
-        await asyncio.sleep(self.seconds)
+        if self.clock is not None:
+            self.clock.advance(self.took)
         return Answer(f"{variant} {self.calls}".encode(), "text/plain")
 
 
@@ -80,13 +84,27 @@ async def test_a_page_without_live_values_changes_only_with_the_fleet() -> None:
 
 
 async def test_a_live_page_is_rendered_again_once_stale() -> None:
-    """A live page is shared for its rendering time divided by PAGE_SHARE, then made
-    again; each variant apart."""
-    render = Renderer(seconds=0.02)  # fresh for about 0.4 s
-    page = Page(render, live=True)
+    """A live page is shared for its rendering time divided by PAGE_SHARE (at most
+    MAX_PAGE_AGE), then made again; each variant apart."""
+    clock = FakeClock()
+    render = Renderer(clock, took=0.02)  # fresh for 0.4 s
+    page = Page(render, live=True, clock=clock)
     _, fleet = _fleet()
     first = await page.answer(fleet, "text")
+    clock.advance(0.02 / PAGE_SHARE - 0.01)
     assert await page.answer(fleet, "text") is first
     assert (await page.answer(fleet, "html")).body == b"html 2"
-    await asyncio.sleep(0.02 / PAGE_SHARE + 0.1)
+    clock.advance(0.02)
     assert (await page.answer(fleet, "text")).body == b"text 3"
+
+
+async def test_a_live_page_is_never_older_than_its_limit() -> None:
+    """However long a rendering took, a live page is made again after MAX_PAGE_AGE."""
+    clock = FakeClock()
+    page = Page(Renderer(clock, took=MAX_PAGE_AGE), live=True, clock=clock)
+    _, fleet = _fleet()
+    first = await page.answer(fleet, "")
+    clock.advance(MAX_PAGE_AGE - 0.1)
+    assert await page.answer(fleet, "") is first
+    clock.advance(0.2)
+    assert await page.answer(fleet, "") is not first
