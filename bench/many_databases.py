@@ -56,7 +56,8 @@ def _populate(cluster: LocalCluster, count: int) -> None:
     # In batches: one psql call for 200 databases outlasts its timeout on a loaded machine.
     for start in range(0, count, POPULATE_BATCH):
         names = range(start, min(start + POPULATE_BATCH, count))
-        cluster.psql("\n".join(f"CREATE DATABASE db{n:03d} TEMPLATE bench_template;" for n in names))
+        statements = (f"CREATE DATABASE db{n:03d} TEMPLATE bench_template;" for n in names)
+        cluster.psql("\n".join(statements))
 
 
 class Sampler(threading.Thread):
@@ -129,7 +130,9 @@ def main() -> int:
           "peak backends | opened per scrape |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for count in (int(n) for n in args.databases.split(",")):
-        with LocalCluster(pg18_bindir()) as cluster:
+        # Room for one connection per database (the second budget) and the sampler's.
+        settings = {"max_connections": str(max(100, count + 20))}
+        with LocalCluster(pg18_bindir(), settings=settings) as cluster:
             print(f"populating {count} databases", file=sys.stderr)
             _populate(cluster, count)
             for budget in sorted({4, count + 2}):
