@@ -24,7 +24,7 @@ from exporter.web.fleet import FLEET, Fleet
 from exporter.web.fleetpages import FLEET_PAGES, FleetPages
 from exporter.web.health import HEALTH_PROBE, health_context
 from exporter.web.metrics import Throttle
-from exporter.web.reloading import RELOADER, Reloader
+from exporter.web.reloading import RELOADER, Reloader, settle_heap
 from exporter.web.routes import add_routes
 from exporter.web.state import STATE, State
 
@@ -81,6 +81,7 @@ def create_fleet_app(
 async def _run_fleet(app: web.Application) -> AsyncIterator[None]:
     fleet = app[FLEET]
     fleet.start()
+    settle_heap()
     yield
     await fleet.close()
 

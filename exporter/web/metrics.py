@@ -9,8 +9,10 @@ the slots a scrape needs, nor make memory grow).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -157,11 +159,23 @@ def _client_gone(request: web.Request) -> bool:
 
 
 async def write(
-    request: web.Request, admission: Admission, answer: Answer, deadline: float
+    request: web.Request,
+    admission: Admission,
+    answer: Answer,
+    deadline: float,
+    *,
+    send_buffer: int | None = None,
 ) -> web.StreamResponse:
     """Write the whole answer inside the handler, holding a writer's place of
     ``admission``; a client that has not taken it within ``deadline`` seconds, or a chunk
-    of it within :data:`WRITE_STALL_SECONDS`, is disconnected and counted."""
+    of it within :data:`WRITE_STALL_SECONDS`, is disconnected and counted.
+
+    ``send_buffer`` caps the kernel's send buffer of the connection: otherwise the kernel
+    takes up to megabytes of an answer nobody reads, and keeps them while the connection
+    is open (a shared page costs the process nothing per request, but not the kernel).
+    """
+    if send_buffer is not None:
+        _cap_send_buffer(request, send_buffer)
     with admission.writer():
         response = web.StreamResponse(headers={"Content-Type": answer.content_type})
         body = answer.body
@@ -182,6 +196,13 @@ async def write(
             if request.transport is not None:
                 request.transport.abort()
         return response
+
+
+def _cap_send_buffer(request: web.Request, size: int) -> None:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:
+        with contextlib.suppress(OSError):  # a closed socket: the write will tell
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
 async def _send(response: web.StreamResponse, body: bytes, stall: float) -> None:
