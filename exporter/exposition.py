@@ -163,7 +163,8 @@ class Family:
     series: int
     # Sample lines in the text format, each starting with ``name``, "\n"-terminated.
     text_samples: bytes = field(default=b"", repr=False)
-    _memo: dict[tuple[Format, bool], bytes] = field(default_factory=dict, init=False, repr=False)
+    # Headers, and OpenMetrics bodies, by format name (a str: an enum member hashes in Python).
+    _memo: dict[str, bytes] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -181,7 +182,7 @@ class Family:
 
     def header(self, fmt: Format) -> bytes:
         """The ``# HELP`` and ``# TYPE`` lines."""
-        key = (fmt, True)
+        key = fmt.name
         cached = self._memo.get(key)
         if cached is None:
             name = self.family_name(fmt)
@@ -194,7 +195,7 @@ class Family:
         """The sample lines, computed once per format."""
         if fmt is Format.TEXT or self.kind != "counter":
             return self.text_samples
-        key = (fmt, False)
+        key = fmt.name + " body"
         cached = self._memo.get(key)
         if cached is None:
             cached = self._memo[key] = _openmetrics_counter(self.name, self.text_samples)
@@ -263,16 +264,17 @@ def encode(
     """
     groups: dict[str, list[bytes]] = {}
     kinds: dict[str, str] = {}
+    text = fmt is Format.TEXT  # names and bodies as formed: no call per family
     for family in families:
         if not family.series:
             continue
-        key = family.family_name(fmt)
+        key = family.name if text else family.family_name(fmt)
         parts = groups.get(key)
         if parts is None:
             groups[key] = [family.header(fmt), family.body(fmt)]
             kinds[key] = family.kind
         elif kinds[key] == family.kind:
-            parts.append(family.body(fmt))
+            parts.append(family.text_samples if text else family.body(fmt))
         elif on_conflict is not None:
             on_conflict(
                 f"metric family {key}: a {family.kind} family {family.name} conflicts with "
