@@ -31,6 +31,7 @@ from exporter.logs import TARGET
 from exporter.web.fleet import FLEET, FLEET_PAGE, Fleet, Member, member_for
 from exporter.web.metrics import Answer, expose, write
 from exporter.web.pages import html_page
+from exporter.web.probeslots import ProbeSlots
 
 Samples = list[tuple[tuple[tuple[str, str], ...], float]]
 T = TypeVar("T")
@@ -170,6 +171,7 @@ async def _metrics_answer(fleet: Fleet, _variant: str) -> Answer:
     namespace = f"{fleet.settings.effective_namespace()}_exporter_fleet"
     const = fleet.settings.const_labels
     families = ceiling_families(namespace, const, ceiling, len(rows))
+    families.extend(probe_families(namespace, const, fleet.probes))
     for start in range(0, len(rows), READ_CHUNK):  # same-name families merge when encoded
         families.extend(target_families(namespace, const, rows[start : start + READ_CHUNK]))
         await asyncio.sleep(0)
@@ -228,6 +230,31 @@ def ceiling_families(
                float(refused)),
         single("wait_seconds_total", "counter", "seconds passes spent waiting for a place",
                wait_seconds),
+    ]  # fmt: skip
+
+
+def probe_families(ns: str, const: Sequence[tuple[str, str]], slots: ProbeSlots) -> list[Family]:
+    """Self-metrics of the fleet's ceilings on health probes: their use, and the health
+    requests they answered "not probed"."""
+
+    def single(suffix: str, kind: str, help_: str, value: float) -> Family:
+        return make_family(f"{ns}_probes{suffix}", kind, help_, [(tuple(const), value)])
+
+    connecting = slots.connecting
+    return [
+        single("", "gauge", "targets whose health is probed now (each holds a place)",
+               float(slots.alive)),
+        single("_max", "gauge", "most targets probed at once", float(slots.limit)),
+        single("_connecting", "gauge", "health probes opening a connection now",
+               float(connecting.held)),
+        single("_connecting_max", "gauge", "most health probes opening a connection at once",
+               float(connecting.limit)),
+        single("_refused_total", "counter",
+               'health requests answered 503 "not probed": every place was held by a target '
+               "asked about recently", float(slots.refused)),
+        single("_displaced_total", "counter",
+               "health probes stopped to give their place to another target's, nobody having "
+               "asked about them for a while", float(slots.displaced)),
     ]  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from typing import Literal
 
 DEFAULT_MAX_PROBES = 256  # targets probed at once (--targets.max-probes)
 CONNECTING = 16  # probes opening a connection at once, over the whole fleet
@@ -31,6 +32,26 @@ CONNECTING = 16  # probes opening a connection at once, over the whole fleet
 # Load balancers ask every few seconds (HAProxy 2 s, Kubernetes and cloud balancers
 # 10-30 s), so a target being routed by keeps its probe.
 YIELD_AFTER = 60.0  # seconds
+
+
+class ConnectingPlaces(asyncio.Semaphore):
+    """The places for opening a connection, saying how many are held (for /metrics)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        self.held = 0
+
+    async def acquire(self) -> Literal[True]:
+        """Wait for a place, then count it held."""
+        await super().acquire()
+        self.held += 1  # no await since the place was taken: the count cannot lag it
+        return True
+
+    def release(self) -> None:
+        """Give a place back."""
+        self.held -= 1
+        super().release()
 
 
 class CeilingReached(Exception):
@@ -50,8 +71,9 @@ class ProbeSlots:
             raise ValueError("the probe ceilings must be at least 1, the idle time not negative")
         self.limit = limit
         self.idle = idle
-        self.connecting = asyncio.Semaphore(connecting)
+        self.connecting = ConnectingPlaces(connecting)
         self._asked: OrderedDict[str, float] = OrderedDict()  # name: last ask, oldest first
+        # Counted here, where the decisions are made; /metrics shows them (issue 25).
         self.refused = 0  # health requests answered "not probed"
         self.displaced = 0  # probes stopped to make room for another target's
 

@@ -6,9 +6,13 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import cast
 
+import pytest
+
+from exporter.exposition import Format, encode
 from exporter.web.fleet import Fleet
-from exporter.web.fleetpages import MAX_PAGE_AGE, PAGE_SHARE, Page
+from exporter.web.fleetpages import MAX_PAGE_AGE, PAGE_SHARE, Page, probe_families
 from exporter.web.metrics import Answer
+from exporter.web.probeslots import CeilingReached, ProbeSlots
 from tests.clock import FakeClock
 
 
@@ -108,3 +112,26 @@ async def test_a_live_page_is_never_older_than_its_limit() -> None:
     assert await page.answer(fleet, "") is first
     clock.advance(0.2)
     assert await page.answer(fleet, "") is not first
+
+
+async def test_the_probe_ceilings_figures_are_shown() -> None:
+    """The probe ceilings' use, limits and counters, each one sample with the const
+    labels: what an operator watches to see the ceiling at work."""
+    slots = ProbeSlots(2, connecting=3, idle=60.0)
+    slots.ask("a", 0.0)
+    slots.ask("b", 0.0)
+    with pytest.raises(CeilingReached):
+        slots.ask("c", 1.0)
+    slots.ask("c", 60.0)  # a, idle, gives its place
+    async with slots.connecting:
+        text = encode(probe_families("pg_exporter_fleet", [("env", "x")], slots), Format.TEXT)
+    lines = text.decode().splitlines()
+    shown = {k: float(v) for k, v in (line.split(" ") for line in lines if line[0] != "#")}
+    assert shown == {
+        f'pg_exporter_fleet_{name}{{env="x"}}': value
+        for name, value in [("probes", 2), ("probes_max", 2), ("probes_connecting", 1),
+                            ("probes_connecting_max", 3), ("probes_refused_total", 1),
+                            ("probes_displaced_total", 1)]
+    }  # fmt: skip
+    assert "# TYPE pg_exporter_fleet_probes_refused_total counter" in lines
+    assert "# TYPE pg_exporter_fleet_probes gauge" in lines

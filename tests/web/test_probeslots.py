@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from exporter.web.probeslots import CeilingReached, ProbeSlots
+from exporter.web.probeslots import CeilingReached, ConnectingPlaces, ProbeSlots
 
 IDLE = 60.0
 
@@ -62,3 +64,32 @@ def test_ceilings_must_be_positive() -> None:
         ProbeSlots(0)
     with pytest.raises(ValueError, match="at least 1"):
         ProbeSlots(1, connecting=0)
+
+
+def test_refusals_and_displacements_are_counted_as_they_happen() -> None:
+    """Each refused newcomer and each displaced idle probe adds one, for /metrics."""
+    slots = ProbeSlots(1, idle=IDLE)
+    slots.ask("a", 0.0)
+    for name in ("b", "c", "b"):
+        with pytest.raises(CeilingReached):
+            slots.ask(name, 1.0)
+    assert slots.ask("b", IDLE) == "a"
+    assert slots.ask("c", 2 * IDLE) == "b"
+    assert (slots.alive, slots.refused, slots.displaced) == (1, 3, 2)
+
+
+async def test_connecting_places_say_how_many_are_held() -> None:
+    """``held`` counts places taken and given back; a wait cancelled takes none."""
+    places = ConnectingPlaces(1)
+    assert (places.limit, places.held) == (1, 0)
+    async with places:
+        assert places.held == 1
+        waiter = asyncio.create_task(places.acquire())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert places.held == 1
+    assert places.held == 0
+    async with places:
+        assert places.held == 1
