@@ -31,7 +31,14 @@ from exporter.web.probe import HealthProbe, Status
 from exporter.web.probeslots import NOT_PROBED
 from rigs.localpg import LocalCluster, free_port
 from tests.integration.fleetrig import fleet_of, member, serving_fleet, write_targets
-from tests.integration.helpers import REPO, http_get, terminate, wait_for, write_collectors
+from tests.integration.helpers import (
+    REPO,
+    http_get,
+    terminate,
+    value,
+    wait_for,
+    write_collectors,
+)
 from tests.integration.rawhttp import Response, Served, get
 
 pytestmark = pytest.mark.pg
@@ -174,6 +181,44 @@ async def test_past_the_ceiling_a_request_is_not_probed_and_no_probe_is_displace
     assert (await get(port, "/primary?target=b")).text == "primary"
     assert member(small_ceiling, "b").probing
     assert fleet_of(small_ceiling).probes.alive == 2
+
+
+async def _fleet_metric(port: int, name: str, want: float) -> None:
+    """Wait until /metrics shows ``name`` at ``want`` (the page is shared while fresh)."""
+    shown: list[float] = []
+
+    async def check() -> bool:
+        shown.append(value((await get(port, "/metrics")).text, name))
+        return shown[-1] == want
+
+    deadline = time.monotonic() + 20
+    while not await check():
+        assert time.monotonic() < deadline, f"{name} to reach {want}, shown {shown[-5:]}"
+        await asyncio.sleep(0.05)
+
+
+async def test_metrics_show_the_probe_ceiling_refusing_and_displacing(
+    small_ceiling: Served,
+) -> None:
+    """/metrics shows the two places held, the ceiling, each health request answered
+    "not probed" and each idle probe displaced: an operator sees the ceiling at work."""
+    port = small_ceiling.port
+    await _fleet_metric(port, "pg_exporter_fleet_probes_max", 2)
+    await _fleet_metric(port, "pg_exporter_fleet_probes_connecting_max", 16)
+    await _fleet_metric(port, "pg_exporter_fleet_probes_refused_total", 0)
+    assert (await get(port, "/primary?target=b")).text == "primary"
+    assert (await get(port, "/up?target=t0")).text == Status.DOWN.value
+    refused = [(await get(port, f"/up?target={name}")).text for name in ("t1", "t2", "a")]
+    assert refused == [NOT_PROBED] * 3
+    await _fleet_metric(port, "pg_exporter_fleet_probes", 2)
+    await _fleet_metric(port, "pg_exporter_fleet_probes_refused_total", 3)
+    await _fleet_metric(port, "pg_exporter_fleet_probes_displaced_total", 0)
+    deadline = time.monotonic() + 20
+    while (await get(port, "/primary?target=a")).status != 200:  # once b idled 0.5 s
+        assert time.monotonic() < deadline, "b's place to be given up"
+        await asyncio.sleep(0.05)
+    await _fleet_metric(port, "pg_exporter_fleet_probes_displaced_total", 1)
+    await _fleet_metric(port, "pg_exporter_fleet_probes", 2)
 
 
 async def test_an_idle_probe_gives_its_place_and_comes_back_without_a_false_down(
