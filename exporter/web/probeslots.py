@@ -26,7 +26,7 @@ import asyncio
 from collections import OrderedDict
 from typing import Literal
 
-DEFAULT_MAX_PROBES = 256  # targets probed at once (--targets.max-probes)
+DEFAULT_MAX_PROBES = 256  # targets probed at once (a constant: no flag sets it)
 CONNECTING = 16  # probes opening a connection at once, over the whole fleet
 # A probe nobody has asked about for this long may give its place to another target's.
 # Load balancers ask every few seconds (HAProxy 2 s, Kubernetes and cloud balancers
