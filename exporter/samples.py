@@ -21,14 +21,19 @@ from exporter.definitions import Collector, Column, Usage
 from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError, excerpt
 from exporter.exposition import Family, escape_label_value, format_value, go_float, label_block
 
+# Kinds of a column's cells that take a C-level rendering path.
+_DECIMALS: frozenset[type] = frozenset({Decimal})
+_INTS: frozenset[type] = frozenset({int})
+_FLOATS: frozenset[type] = frozenset({float})
+
 
 class _Plain:
-    """A GAUGE or COUNTER column present in the result, with its rendered lines."""
+    """A GAUGE or COUNTER column present in the result: how its cells are rendered."""
 
-    __slots__ = ("column", "help", "index", "kind", "name", "null_text")
+    __slots__ = ("cell", "column", "help", "kind", "name", "null_text")
 
     def __init__(self, collector: Collector, column: Column, index: int) -> None:
-        self.column, self.index = column, index
+        self.column, self.cell = column, itemgetter(index)  # the column's cell of a row
         self.name = collector.metric_name(column)
         self.help = _help(collector, column)
         self.kind = "counter" if column.usage is Usage.COUNTER else "gauge"
@@ -45,13 +50,13 @@ class _Plain:
 
     def render_all(self, values: list[Any]) -> Iterable[str]:
         """A batch of cells; uniform int, float or numeric columns take a C-level path."""
-        kinds = set(map(type, values))
+        kinds: frozenset[type] = frozenset(map(type, values))
         scale = self.column.scale
-        if kinds == {Decimal} and all(map(Decimal.is_finite, values)):
+        if kinds == _DECIMALS and all(map(Decimal.is_finite, values)):
             if scale is None:
                 return map(str, values)
-            values, kinds = list(map(float, values)), {float}
-        if kinds == {int} and scale is None:
+            values, kinds = list(map(float, values)), _FLOATS
+        if kinds == _INTS and scale is None:
             return map(str, values)
         if kinds <= FAST_TYPES:
             numbers = values if scale is None else list(map(mul, values, repeat(scale)))
@@ -74,10 +79,10 @@ class _Histogram:
     """A HISTOGRAM column: observations folded into bins (one dict per execution) per
     label tuple."""
 
-    __slots__ = ("base", "bounds", "column", "help", "index", "le_parts")
+    __slots__ = ("base", "bounds", "cell", "column", "help", "le_parts")
 
     def __init__(self, collector: Collector, column: Column, index: int) -> None:
-        self.column, self.index = column, index
+        self.column, self.cell = column, itemgetter(index)
         self.base = collector.metric_name(column)
         self.help = _help(collector, column)
         self.bounds = column.buckets
@@ -249,10 +254,10 @@ class SampleBuilder:
         self._count(len(batch) * len(layout.plain) + len(new_keys) * layout.histogram_width)
         self._histogram_keys |= new_keys
         for n, plain in layout.plain:
-            values = list(map(itemgetter(plain.index), batch))
+            values = list(map(plain.cell, batch))
             self._lines[n].extend(map(add, keys, plain.render_all(values)))
         for n, histogram in layout.histograms:
-            histogram.observe(self._bins[n], keys, map(itemgetter(histogram.index), batch))
+            histogram.observe(self._bins[n], keys, map(histogram.cell, batch))
 
     def _label_blocks(self, batch: list[Sequence[object]]) -> list[str]:
         """One ``{labels} `` string per row (const labels included)."""
