@@ -34,7 +34,7 @@ from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.integration.helpers import REPO, settings_for, write_collectors
 from tests.integration.rawhttp import RawClient, get, poll, serving
 
-pytestmark = pytest.mark.pg
+pytestmark = [pytest.mark.pg, pytest.mark.usefixtures("enough_descriptors")]
 
 COLLECTOR = """
 abuse_one:
@@ -55,15 +55,6 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def definitions(tmp_path_factory: pytest.TempPathFactory) -> Definitions:
     return write_collectors(tmp_path_factory.mktemp("abuse"), COLLECTOR)
-
-
-@pytest.fixture(autouse=True)
-def enough_descriptors() -> Iterator[None]:
-    """Client and server sockets share this process: allow a few thousand."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def settings(cluster: LocalCluster) -> Settings:
@@ -168,17 +159,18 @@ async def slowloris(port: int, sockets: int) -> tuple[list[asyncio.StreamWriter]
     return writers, request.encode()
 
 
-async def drip(writers: list[asyncio.StreamWriter], request: bytes, stop: asyncio.Event) -> int:
-    """One more byte of the headers on every socket per round, until ``stop`` (bounded)."""
-    rounds = 0
+async def drip(
+    writers: list[asyncio.StreamWriter], request: bytes, stop: asyncio.Event, rounds: list[int]
+) -> None:
+    """One more byte of the headers on every socket per round, until ``stop`` (bounded);
+    ``rounds[0]`` counts the rounds sent."""
     for offset in range(1, len(request)):  # never the final blank line
         if stop.is_set():
             break
         for writer in writers:
             writer.write(request[offset : offset + 1])
-        rounds += 1
+        rounds[0] += 1
         await asyncio.sleep(0.05)  # pacing of the attack
-    return rounds
 
 
 async def test_slowloris_connections_do_not_stop_scrapes(
@@ -187,16 +179,18 @@ async def test_slowloris_connections_do_not_stop_scrapes(
     """300 sockets sending headers a byte at a time: 20 scrapes meanwhile all get 200."""
     async with serving(settings(cluster), definitions) as served:
         writers, request = await slowloris(served.port, 300)
-        stop = asyncio.Event()
-        dripping = asyncio.create_task(drip(writers, request, stop))
+        stop, rounds = asyncio.Event(), [0]
+        dripping = asyncio.create_task(drip(writers, request, stop, rounds))
         try:
+            await poll(lambda: rounds[0] >= 1, "the attack to start")
             latencies = await scrapes_ok(served.port, 20)
+            attacking = not dripping.done()  # bytes of the headers still to send
         finally:
             stop.set()
-            rounds = await dripping
+            await dripping
             for writer in writers:
                 writer.close()
-        assert rounds >= 2  # the attack was still going on during the scrapes
+        assert attacking  # the attack went on from before the first scrape past the last
         assert max(latencies) < 5.0
         await poll(lambda: served.app[STATE].admission.active == 0, "slots to be free")
 
