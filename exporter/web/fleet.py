@@ -4,7 +4,7 @@ Each member has what a single-target exporter has: its own exporter (passes one 
 a time, caches, plans, connection budget, breaker), admission (two scrapes), self-
 metrics and health probe. What they share is the process, the fleet's ceiling on
 targets collected at once (:class:`~exporter.gate.Gate`) and its ceilings on health
-probes (:class:`~exporter.web.probeslots.ProbeSlots`).
+probes (:class:`~exporter.probeslots.ProbeSlots`).
 
 A request reaches a member only by a declared name (``?target=NAME``); nothing in a
 request becomes a URL, host or credential.
@@ -27,10 +27,10 @@ from exporter.declared import Declared, DeclaredTarget
 from exporter.definitions import Definitions
 from exporter.gate import Gate
 from exporter.logs import TARGET
+from exporter.probe import HealthProbe, HealthSnapshot
+from exporter.probeslots import DEFAULT_MAX_PROBES, YIELD_AFTER, CeilingReached, ProbeSlots
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
-from exporter.web.probe import HealthProbe, HealthSnapshot
-from exporter.web.probeslots import DEFAULT_MAX_PROBES, YIELD_AFTER, CeilingReached, ProbeSlots
 from exporter.web.state import State
 
 log = logging.getLogger(__name__)

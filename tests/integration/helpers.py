@@ -16,8 +16,8 @@ from pathlib import Path
 
 from exporter.definitions import Definitions
 from exporter.loading import load_definitions
+from exporter.probe import PROBE_SQL
 from exporter.settings import Settings
-from exporter.web.probe import PROBE_SQL
 from rigs.localpg import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 import exporter.web.fleet as fleet_module
+from exporter.probe import HealthProbe, Status
+from exporter.probeslots import NOT_PROBED
 from exporter.settings import Settings
-from exporter.web.probe import HealthProbe, Status
-from exporter.web.probeslots import NOT_PROBED
 from rigs.localpg import LocalCluster, free_port
 from tests.integration.fleetrig import fleet_of, member, serving_fleet, write_targets
 from tests.integration.helpers import (

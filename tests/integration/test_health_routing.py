@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
+from exporter.probe import HealthProbe, Status
 from exporter.settings import Settings
 from exporter.web.health import (
     HEALTH_PROBE,
@@ -29,7 +30,6 @@ from exporter.web.health import (
     health_context,
     health_handler,
 )
-from exporter.web.probe import HealthProbe, Status
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster, pg18_bindir

@@ -9,10 +9,10 @@ from typing import cast
 import pytest
 
 from exporter.exposition import Format, encode
+from exporter.probeslots import CeilingReached, ProbeSlots
 from exporter.web.fleet import Fleet
 from exporter.web.fleetpages import MAX_PAGE_AGE, PAGE_SHARE, Page, probe_families
 from exporter.web.metrics import Answer
-from exporter.web.probeslots import CeilingReached, ProbeSlots
 from tests.clock import FakeClock
 
 

@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
+from exporter.probe import HealthProbe, HealthSnapshot, Status
 from exporter.settings import Settings
 from exporter.web.health import (
     HEALTH_PATHS,
@@ -23,7 +24,6 @@ from exporter.web.health import (
     health_context,
     health_handler,
 )
-from exporter.web.probe import HealthProbe, HealthSnapshot, Status
 from tests.clock import FakeClock
 
 Client = TestClient[web.Request, web.Application]

@@ -15,8 +15,8 @@ from typing import cast
 import psycopg
 import pytest
 
-from exporter.web.pace import FAST_INTERVAL, SLOW_ANSWER
-from exporter.web.probe import (
+from exporter.pace import FAST_INTERVAL, SLOW_ANSWER
+from exporter.probe import (
     NO_UPSTREAM_HOLD,
     OUTAGE_HOLD,
     Conn,

@@ -3,7 +3,7 @@
 It asks within the connect timeout and publishes an immutable snapshot that the
 routing handlers (:mod:`exporter.web.health`) only read; a hung server costs the
 probe its deadline, never a handler. It asks once a second while the target is
-steady and every 100 ms while it may be changing role (:mod:`exporter.web.pace`);
+steady and every 100 ms while it may be changing role (:mod:`exporter.pace`);
 between probes it watches its idle connection, which the server only writes to
 when it ends it, so a shutdown or a crash wakes it at once.
 """
@@ -23,7 +23,7 @@ import psycopg
 
 from exporter import postgres
 from exporter.connections import Logins
-from exporter.web.pace import FAST_INTERVAL, SLOW_ANSWER, SLOW_INTERVAL, Pace
+from exporter.pace import FAST_INTERVAL, SLOW_ANSWER, SLOW_INTERVAL, Pace
 
 log = logging.getLogger(__name__)
 

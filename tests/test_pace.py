@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.web.pace import SLOW_ANSWER, Pace
+from exporter.pace import SLOW_ANSWER, Pace
 from tests.clock import FakeClock
 
 SLOW, FAST, SETTLE, LIMIT = 1.0, 0.1, 3, 10.0
