@@ -16,11 +16,11 @@ from exporter.admission import Admission
 from exporter.collection import Exporter
 from exporter.declared import Declared
 from exporter.definitions import Definitions
+from exporter.fleet import FLEET, Fleet
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
 from exporter.web.auth import install
 from exporter.web.config import WebConfig
-from exporter.web.fleet import FLEET, Fleet
 from exporter.web.fleetpages import FLEET_PAGES, FleetPages
 from exporter.web.health import HEALTH_PROBE, health_context
 from exporter.web.metrics import Throttle

@@ -25,10 +25,10 @@ from aiohttp import web
 from exporter.collection import Exporter
 from exporter.declared import load_targets
 from exporter.errors import ConfigError, UsageError
+from exporter.fleet import Fleet
 from exporter.loading import load_for_settings
 from exporter.settings import Settings
 from exporter.web.config import TlsConfig, load_certificates, load_web_config, ssl_context
-from exporter.web.fleet import Fleet
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from exporter import fleet as fleet_module
 from exporter.settings import Settings
-from exporter.web import fleet as fleet_module
 from rigs.localpg import LocalCluster
 from tests.integration.fleetrig import member, serving_fleet, write_targets
 from tests.integration.helpers import write_collectors

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-import exporter.web.fleet as fleet_module
+import exporter.fleet as fleet_module
 from exporter.probe import HealthProbe, Status
 from exporter.probeslots import NOT_PROBED
 from exporter.settings import Settings

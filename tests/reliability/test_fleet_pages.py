@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from exporter.declared import load_targets
+from exporter.fleet import APPLY_CHUNK
 from exporter.settings import Settings
-from exporter.web.fleet import APPLY_CHUNK
 from exporter.web.fleetpages import FLEET_PAGES, Page
 from rigs.localpg import free_port
 from tests.integration.fleetrig import fleet_of, serving_fleet, write_targets

@@ -9,8 +9,8 @@ from typing import cast
 import pytest
 
 from exporter.exposition import Format, encode
+from exporter.fleet import Fleet
 from exporter.probeslots import CeilingReached, ProbeSlots
-from exporter.web.fleet import Fleet
 from exporter.web.fleetpages import MAX_PAGE_AGE, PAGE_SHARE, Page, probe_families
 from exporter.web.metrics import Answer
 from tests.clock import FakeClock
