@@ -6,8 +6,7 @@ metrics and health probe. What they share is the process, the fleet's ceiling on
 targets collected at once (:class:`~exporter.gate.Gate`) and its ceilings on health
 probes (:class:`~exporter.probeslots.ProbeSlots`).
 
-A request reaches a member only by a declared name (``?target=NAME``); nothing in a
-request becomes a URL, host or credential.
+No HTTP here: :mod:`exporter.web.fleet` finds the member a request names.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from aiohttp import web
-
 from exporter.admission import Admission
 from exporter.collection import Exporter
 from exporter.declared import Declared, DeclaredTarget
@@ -31,13 +28,10 @@ from exporter.probe import HealthProbe, HealthSnapshot
 from exporter.probeslots import DEFAULT_MAX_PROBES, YIELD_AFTER, CeilingReached, ProbeSlots
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
-from exporter.web.state import State
+from exporter.state import State
 
 log = logging.getLogger(__name__)
 
-TARGET_PARAMETER = "target"
-FLEET_PAGE = "/targets"
-SERVICE_DISCOVERY_PATH = "/sd"  # the declared names for Prometheus's http_sd_configs
 # A target's health probe runs while load balancers ask about it: it starts with the
 # first health request naming the target and stops, closing its connection, once none
 # has come for this long. A fleet nobody routes by costs no probe connections at all.
@@ -278,32 +272,3 @@ class Fleet:
                 await self._janitor
         members, self.members = list(self.members.values()), {}
         await asyncio.gather(*(member.close() for member in members))
-
-
-FLEET = web.AppKey("fleet", Fleet)
-
-_ONLY_TARGET = (
-    "this exporter serves a fleet: name one declared target with ?target=NAME and nothing "
-    f"else (the declared targets are listed at {FLEET_PAGE})\n"
-)
-_UNKNOWN = f"no target of that name is declared; the declared targets are listed at {FLEET_PAGE}\n"
-
-
-def member_for(request: web.Request) -> Member:
-    """The member a fleet request names; 400 when it names none, several, or passes any
-    other parameter; 404 for a name that is not declared. The name is never echoed:
-    it is the client's text and might be a URL with a password."""
-    names = request.query.getall(TARGET_PARAMETER, [])
-    if len(names) != 1 or len(request.query) != 1:
-        raise web.HTTPBadRequest(text=_ONLY_TARGET)
-    member = request.app[FLEET].member(names[0])
-    if member is None:
-        raise web.HTTPNotFound(text=_UNKNOWN)
-    return member
-
-
-def state_for(request: web.Request, default: web.AppKey[State]) -> State:
-    """The state a request is about: the named member's in fleet mode, else the app's."""
-    if FLEET in request.app:
-        return member_for(request).state
-    return request.app[default]

@@ -23,11 +23,11 @@ from exporter import systemd
 from exporter.collection import Exporter
 from exporter.declared import Declared
 from exporter.definitions import Definitions
-from exporter.fleet import FLEET
 from exporter.logs import TARGET
 from exporter.settings import ListenAddress, Settings
 from exporter.web.app import create_app, create_fleet_app, make_runner
 from exporter.web.config import WebConfig, ssl_context
+from exporter.web.fleet import FLEET
 from exporter.web.reloading import RELOADER, Outcome, Reloader
 from exporter.web.state import STATE
 

@@ -16,17 +16,19 @@ from exporter.admission import Admission
 from exporter.collection import Exporter
 from exporter.declared import Declared
 from exporter.definitions import Definitions
-from exporter.fleet import FLEET, Fleet
+from exporter.fleet import Fleet
 from exporter.selfmetrics import SelfMetrics
 from exporter.settings import Settings
+from exporter.state import State
 from exporter.web.auth import install
 from exporter.web.config import WebConfig
+from exporter.web.fleet import FLEET
 from exporter.web.fleetpages import FLEET_PAGES, FleetPages
 from exporter.web.health import HEALTH_PROBE, health_context
 from exporter.web.metrics import Throttle
 from exporter.web.reloading import RELOADER, Reloader, settle_heap
 from exporter.web.routes import add_routes
-from exporter.web.state import STATE, State
+from exporter.web.state import STATE
 
 SHUTDOWN_TIMEOUT = 10.0  # seconds for responses in flight to finish on SIGTERM
 MALFORMED_LOG_PERIOD = 10.0  # seconds between two log lines about malformed requests

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from exporter.fleet import FLEET, member_for
 from exporter.probe import PROBE_INTERVAL, HealthProbe, Status
 from exporter.probeslots import NOT_PROBED
 from exporter.settings import Settings
+from exporter.web.fleet import FLEET, member_for
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 

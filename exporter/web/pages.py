@@ -13,8 +13,8 @@ from aiohttp import web
 
 from exporter.explain import last_plans
 from exporter.flags import version_text
-from exporter.fleet import state_for
 from exporter.stat import stat_text
+from exporter.web.fleet import state_for
 from exporter.web.reloading import RELOADER
 from exporter.web.state import STATE
 

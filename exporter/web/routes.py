@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from exporter import __version__
-from exporter.fleet import FLEET_PAGE, SERVICE_DISCOVERY_PATH
+from exporter.web.fleet import FLEET_PAGE, SERVICE_DISCOVERY_PATH
 from exporter.web.fleetpages import (
     fleet_metrics_handler,
     probe_handler,

@@ -1,26 +1,12 @@
-"""What the web handlers of one target share: held on the aiohttp application (no
-globals), or by each member of a fleet."""
+"""Where the web handlers of a single-target exporter find the target's
+:class:`~exporter.state.State`: on the aiohttp application (no globals)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from aiohttp import web
 
-from exporter.admission import Admission
-from exporter.collection import Exporter
-from exporter.selfmetrics import SelfMetrics
-from exporter.settings import Settings
+from exporter.state import State
 
-
-@dataclass(slots=True)
-class State:
-    """Everything the handlers share, held on the application (no globals)."""
-
-    settings: Settings
-    exporter: Exporter
-    admission: Admission
-    selfmetrics: SelfMetrics
-
+__all__ = ["STATE", "State"]  # handlers import both from here
 
 STATE = web.AppKey("state", State)

@@ -23,9 +23,10 @@ from aiohttp import web
 
 from exporter.declared import load_targets
 from exporter.definitions import Definitions
-from exporter.fleet import FLEET, Fleet, Member
+from exporter.fleet import Fleet, Member
 from exporter.settings import Settings
 from exporter.web.app import create_fleet_app, make_runner
+from exporter.web.fleet import FLEET
 from rigs.localpg import LocalCluster, free_port
 from tests.integration.helpers import REPO, http_get, terminate, wait_for
 from tests.integration.rawhttp import Served
