@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from exporter.errors import RequestEnded
-
 T = TypeVar("T")
 
 #: The HTTP write limit: no scrape may take longer than this, header or not.
@@ -38,6 +36,16 @@ _DESCRIPTIONS = {
     Interruption.CLIENT: "the client went away",
     Interruption.WRITE_TIMEOUT: "the client did not read its answer in time",
 }
+
+
+class RequestEnded(Exception):
+    """The request ended (budget spent or client gone) before cancellable work finished.
+    A signal between the budget and the pass, never shown to a user: it lives here, not
+    in :mod:`exporter.errors`, which imports nothing from the package."""
+
+    def __init__(self, reason: Interruption) -> None:
+        super().__init__(f"request ended ({reason.value})")
+        self.reason = reason
 
 
 def budget_seconds(header: str | None, default: float = DEFAULT_BUDGET) -> float:

@@ -24,11 +24,10 @@ from exporter.breaker import (
     is_shed,
     judge,
 )
-from exporter.budget import Budget, Interruption, until_request_ends
+from exporter.budget import Budget, Interruption, RequestEnded, until_request_ends
 from exporter.connections import ConnectionBudget
 from exporter.definitions import Definitions
 from exporter.discovery import select_databases
-from exporter.errors import RequestEnded
 from exporter.exposition import Family
 from exporter.gate import Gate
 from exporter.planning import explain_text

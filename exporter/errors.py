@@ -5,10 +5,6 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from exporter.budget import Interruption
 
 # A value quoted in a message is cut to this many characters: a collector file can
 # hold megabytes in one value, or (through YAML aliases) far more.
@@ -109,14 +105,6 @@ class PredicateError(CollectorError):
 
 class FatalCollectorFailed(Exception):
     """A ``fatal: true`` collector failed: the database's pass stops here."""
-
-
-class RequestEnded(Exception):
-    """The request ended (budget spent or client gone) before cancellable work finished."""
-
-    def __init__(self, reason: Interruption) -> None:
-        super().__init__(f"request ended ({reason.value})")
-        self.reason = reason
 
 
 class MissingColumnError(CollectorError):

@@ -31,14 +31,13 @@ from exporter.backoff import (
     spread,
 )
 from exporter.breaker import NO_SHEDDING, PassTally, Shedding, distress_of, is_shed
-from exporter.budget import Budget, Interruption, deadline, until_request_ends
+from exporter.budget import Budget, Interruption, RequestEnded, deadline, until_request_ends
 from exporter.cache import CollectorStats, Entry, Outcome, fresh_since, is_fresh
 from exporter.connections import ConnectionBudget
 from exporter.definitions import Collector, Definitions, Predicate
 from exporter.errors import (
     CollectorError,
     FatalCollectorFailed,
-    RequestEnded,
     TooManySeriesError,
 )
 from exporter.exposition import Family
