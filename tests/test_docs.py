@@ -274,3 +274,40 @@ def test_fleet_page_shows_the_error_the_exporter_gives() -> None:
         )  # fmt: skip
     assert run.returncode == 2
     assert example in [line.strip() for line in run.stderr.splitlines()]
+
+
+def layout_lists() -> tuple[set[str], set[str]]:
+    """The module names docs/development.md's layout gives for the package's core and
+    for ``web/``: backticked names in the sub-bullets of its ``exporter/`` entry, the
+    one that names ``web/`` being the web layer's."""
+    text = (DOCS / "development.md").read_text()
+    entry = re.search(r"^- `exporter/`:.*?(?=^- )", text, re.MULTILINE | re.DOTALL)
+    assert entry, "docs/development.md has no `exporter/` entry in its layout"
+    core: set[str] = set()
+    web: set[str] = set()
+    for bullet in re.split(r"^  - ", entry.group(0), flags=re.MULTILINE)[1:]:
+        names = set(re.findall(r"`(\w+)`", bullet))
+        (web if "`web/`" in bullet else core).update(names)
+    return core, web
+
+
+def modules(package: Path) -> set[str]:
+    return {p.stem for p in package.glob("*.py")} - {"__init__"}  # a package is not a module
+
+
+def test_the_layout_lists_every_module() -> None:
+    """Every module of exporter/ and exporter/web/ appears in the layout of
+    docs/development.md, each in its own part, and the layout names no module that is
+    gone."""
+    core, web = layout_lists()
+    assert modules(ROOT / "exporter") == core, "exporter/ and docs/development.md differ"
+    assert modules(ROOT / "exporter" / "web") == web, "web/ and docs/development.md differ"
+
+
+def test_clause_ranges_end_at_the_last_clause() -> None:
+    """docs/development.md's "B1…Bn", "D1…Dn" and "§1…§n" end at the last id defined."""
+    text = (DOCS / "development.md").read_text()
+    defined = defined_clauses()
+    for prefix in ("B", "D", "§"):
+        last = max(int(c[len(prefix) :]) for c in defined if c.startswith(prefix))
+        assert f"{prefix}1…{prefix}{last} " in text, f"{prefix}1…{prefix}{last} is not stated"
