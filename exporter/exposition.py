@@ -262,6 +262,17 @@ def encode(
     A later family whose kind differs from the first of its name is dropped and
     ``on_conflict`` receives a message saying so. Empty families are omitted.
     """
+    return b"".join(encode_chunks(families, fmt, on_conflict))
+
+
+def encode_chunks(
+    families: Iterable[Family],
+    fmt: Format,
+    on_conflict: Callable[[str], None] | None = None,
+) -> list[bytes]:
+    """:func:`encode`'s exposition as the pieces it joins, in order. A cached family
+    gives the same bytes objects every time, so a caller can tell by identity which
+    leading pieces did not change since the last exposition (see ``PrefixGzip``)."""
     groups: dict[str, list[bytes]] = {}
     kinds: dict[str, str] = {}
     text = fmt is Format.TEXT  # names and bodies as formed: no call per family
@@ -283,7 +294,7 @@ def encode(
     chunks = [chunk for parts in groups.values() for chunk in parts]
     if fmt is Format.OPENMETRICS:
         chunks.append(_EOF)
-    return b"".join(chunks)
+    return chunks
 
 
 _RUNTIME_REGISTRY = CollectorRegistry()

@@ -13,7 +13,11 @@ import contextlib
 import gzip
 import logging
 import socket
+import threading
 import time
+import weakref
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -25,7 +29,7 @@ from exporter.exposition import (
     Format,
     accepts_gzip,
     content_type,
-    encode,
+    encode_chunks,
     negotiate,
     runtime_families,
 )
@@ -44,21 +48,107 @@ WRITE_CHUNK = 64 * 1024  # bytes handed to the socket at once: what one connecti
 CUT_OFF_LOG_PERIOD = 10.0  # seconds between two warnings about clients that did not read
 
 
+class PrefixGzip:
+    """Gzips expositions whose leading pieces repeat, compressing only what follows them.
+
+    Cached collector families hand out the same bytes objects pass after pass, so the
+    pieces an exposition is joined from (:func:`encode_chunks`) mostly begin as the last
+    one's did, by identity; the self-metrics, which change every pass, come last. This
+    keeps the compressor as it stood after the pieces both of the last two expositions
+    began with (flushed to a byte boundary with ``Z_SYNC_FLUSH``, which keeps its window)
+    and the bytes it had written; an exposition that begins with those pieces again
+    starts from a copy of it. The answer is always one gzip member with one CRC.
+
+    Memory: one saved compressor (about 270 KiB of zlib state), its output so far, and
+    references to the last exposition's pieces (mostly held by the cache anyway).
+    """
+
+    def __init__(self, level: int = GZIP_LEVEL) -> None:
+        self.level = level
+        self._lock = threading.Lock()  # two answers compressed at once take turns
+        self._previous: tuple[bytes, ...] = ()  # pieces of the last exposition
+        # (n, compressor after previous[:n], its output): previous[:n] never changes.
+        self._saved: tuple[int, zlib._Compress, bytes] | None = None
+
+    def compress(self, chunks: Sequence[bytes]) -> bytes:
+        """``b"".join(chunks)`` as one gzip member."""
+        with self._lock:
+            return self._compress(tuple(chunks))
+
+    def _compress(self, chunks: tuple[bytes, ...]) -> bytes:
+        same = _common_prefix(chunks, self._previous)
+        saved = self._saved
+        if saved is not None and saved[0] <= same:
+            start, compressor, head = saved[0], saved[1].copy(), saved[2]
+        else:
+            start, compressor, head = 0, zlib.compressobj(self.level, zlib.DEFLATED, 31), b""
+            saved = None
+        out = [head, *map(compressor.compress, chunks[start:same])]
+        if same > start:
+            out.append(compressor.flush(zlib.Z_SYNC_FLUSH))
+            head = b"".join(out)
+            saved, out = (same, compressor.copy(), head), [head]
+        out.extend(map(compressor.compress, chunks[same:]))
+        out.append(compressor.flush())
+        self._previous, self._saved = chunks, saved
+        return b"".join(out)
+
+
+def _common_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
+    """How many leading pieces ``a`` and ``b`` share, by identity (not content)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x is not y:
+            break
+        n += 1
+    return n
+
+
 @dataclass(eq=False)
 class Answer:
-    """A rendered answer; a cached page's is shared by every request for it."""
+    """A rendered answer; a cached page's is shared by every request for it.
+
+    ``chunks`` (the pieces ``body`` was joined from) and ``compressor`` let the gzipped
+    body reuse the last answer's compression of the pieces they share."""
 
     body: bytes
     content_type: str
+    chunks: Sequence[bytes] = ()
+    compressor: PrefixGzip | None = field(default=None, repr=False)
     _gzipped: asyncio.Future[bytes] | None = field(default=None, repr=False)
 
     async def gzipped(self) -> bytes:
         """The body compressed, once, off the event loop (zlib lets the loop run)."""
         if self._gzipped is None:
-            self._gzipped = asyncio.ensure_future(
-                asyncio.to_thread(gzip.compress, self.body, compresslevel=GZIP_LEVEL)
-            )
+            self._gzipped = asyncio.ensure_future(asyncio.to_thread(self._compress))
         return await asyncio.shield(self._gzipped)  # one request's hang-up stops no other
+
+    def _compress(self) -> bytes:
+        if self.compressor is None or not self.chunks:
+            return gzip.compress(self.body, compresslevel=GZIP_LEVEL)
+        return self.compressor.compress(self.chunks)
+
+
+#: One :class:`PrefixGzip` per target and format, gone with the target's exporter.
+_COMPRESSORS: weakref.WeakKeyDictionary[object, dict[Format, PrefixGzip]] = (
+    weakref.WeakKeyDictionary()
+)
+#: At most this many are kept, about 300 KiB each: a fleet of thousands of targets would
+#: otherwise hold a compressor per target. The first ones keep theirs (no eviction, which
+#: would cost a fleet scraped in turn the saving of every target and the copies besides).
+MAX_COMPRESSORS = 8
+
+
+def compressor_for(owner: object, fmt: Format) -> PrefixGzip | None:
+    """The prefix compressor of ``owner``'s (a target's) expositions in ``fmt``, or None
+    when :data:`MAX_COMPRESSORS` are kept already (its answers are gzipped whole)."""
+    by_format = _COMPRESSORS.get(owner)
+    found = by_format.get(fmt) if by_format is not None else None
+    if found is None:
+        if sum(map(len, _COMPRESSORS.values())) >= MAX_COMPRESSORS:
+            return None
+        found = _COMPRESSORS.setdefault(owner, {})[fmt] = PrefixGzip()
+    return found
 
 
 class Throttle:
@@ -123,8 +213,10 @@ async def _render(
         state.admission.note_interrupted(snapshot.interrupted)
         return web.Response(status=503, text=_OUT_OF_BUDGET)  # B21: never partial
     fmt = negotiate(request.headers.get("Accept")) if state.settings.openmetrics else Format.TEXT
-    body = encode(_all_families(state, snapshot.families, runtime=runtime), fmt)
-    return Answer(body, content_type(fmt))  # the lock is already released (B20)
+    chunks = encode_chunks(_all_families(state, snapshot.families, runtime=runtime), fmt)
+    compressor = compressor_for(state.exporter, fmt)
+    # The lock is already released (B20).
+    return Answer(b"".join(chunks), content_type(fmt), chunks, compressor)
 
 
 def _busy(admission: Admission) -> str:
