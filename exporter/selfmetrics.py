@@ -49,10 +49,22 @@ class SelfMetrics:
     def __init__(self, namespace: str, const_labels: Labels) -> None:
         self.ns = namespace
         self.const = tuple(const_labels)
+        # Each family's samples and rendering at the last call: most self-metrics do not
+        # change from one cached pass to the next, and comparing samples costs less than
+        # rendering them. A family given back again is the same object, bytes included.
+        self._last: dict[tuple[str, str, str], tuple[Samples, Family]] = {}
 
     def _family(self, suffix: str, kind: str, help_: str, samples: Samples) -> Family:
+        key = (suffix, kind, help_)
+        last = self._last.get(key)
+        # Equal samples render alike (a NaN equals only itself: at worst it is rendered
+        # again; -0.0 equals 0.0 and may keep its last rendering, the same number).
+        if last is not None and last[0] == samples:
+            return last[1]
         rows = [((*labels, *self.const), value) for labels, value in samples]
-        return make_family(f"{self.ns}_{suffix}", kind, help_, rows)
+        family = make_family(f"{self.ns}_{suffix}", kind, help_, rows)
+        self._last[key] = (samples, family)
+        return family
 
     def _single(self, suffix: str, kind: str, help_: str, value: float) -> Family:
         return self._family(suffix, kind, help_, [((), value)])
