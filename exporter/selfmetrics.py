@@ -225,41 +225,15 @@ class SelfMetrics:
 
     def per_query(self, rows: Iterable[CollectorRow]) -> list[Family]:
         """``*_exporter_query_*`` families, one sample per collector name and database."""
-        names = {
-            "cache_ttl": "seconds until the collector's cached result expires",
-            "scrape_total_count": "executions and cache hits of the collector",
-            "scrape_hit_count": "times the collector was served from its cache",
-            "scrape_error_count": "failed executions of the collector",
-            "scrape_predicate_skip_count": "executions skipped by a predicate query",
-            "scrape_duration": "seconds the collector's last execution took",
-            "scrape_metric_count": "series the collector's last execution produced",
-            "backoff_seconds": "seconds until the collector, failing in a row, may run again",
-            "consecutive_failures": "failures in a row of the collector (0 after a success)",
-            "shed": "1 when the breaker left the collector out of the last pass",
-        }
-        samples: dict[str, Samples] = {name: [] for name in names}
-        for row in rows:
-            if not row.ran:
-                continue
-            labels = (("datname", row.datname), ("query", row.name))
-            values = {
-                "cache_ttl": row.ttl_left,
-                "scrape_total_count": row.total,
-                "scrape_hit_count": row.hits,
-                "scrape_error_count": row.errors,
-                "scrape_predicate_skip_count": row.skips,
-                "scrape_duration": row.last_duration,
-                "scrape_metric_count": row.series,
-                "backoff_seconds": row.retry_in,
-                "consecutive_failures": row.failures,
-                "shed": _b(row.state is CollectorState.SHED),
-            }
-            for name, value in values.items():
-                samples[name].append((labels, float(value)))
+        ran = [row for row in rows if row.ran]
+        labels = [(("datname", row.datname), ("query", row.name)) for row in ran]
         return [
-            self._family(f"exporter_query_{name}", "gauge", help_, samples[name])
-            for name, help_ in names.items()
-        ]
+            self._family(
+                f"exporter_query_{name}", "gauge", help_,
+                list(zip(labels, [float(get(row)) for row in ran], strict=True)),
+            )
+            for name, help_, get in _PER_QUERY
+        ]  # fmt: skip
 
     def degradation(self, exporter: Exporter) -> list[Family]:
         """The target's breaker: its state, shedding level and trips (D16)."""
@@ -328,3 +302,28 @@ class SelfMetrics:
 
 def _b(flag: bool) -> float:
     return 1.0 if flag else 0.0
+
+
+#: The ``*_exporter_query_*`` families: name suffix, help, value of a collector's row.
+_PER_QUERY: tuple[tuple[str, str, Callable[[CollectorRow], float]], ...] = (
+    ("cache_ttl", "seconds until the collector's cached result expires",
+     lambda row: row.ttl_left),
+    ("scrape_total_count", "executions and cache hits of the collector",
+     lambda row: row.total),
+    ("scrape_hit_count", "times the collector was served from its cache",
+     lambda row: row.hits),
+    ("scrape_error_count", "failed executions of the collector",
+     lambda row: row.errors),
+    ("scrape_predicate_skip_count", "executions skipped by a predicate query",
+     lambda row: row.skips),
+    ("scrape_duration", "seconds the collector's last execution took",
+     lambda row: row.last_duration),
+    ("scrape_metric_count", "series the collector's last execution produced",
+     lambda row: row.series),
+    ("backoff_seconds", "seconds until the collector, failing in a row, may run again",
+     lambda row: row.retry_in),
+    ("consecutive_failures", "failures in a row of the collector (0 after a success)",
+     lambda row: row.failures),
+    ("shed", "1 when the breaker left the collector out of the last pass",
+     lambda row: _b(row.state is CollectorState.SHED)),
+)  # fmt: skip
