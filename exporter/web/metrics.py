@@ -33,7 +33,8 @@ from exporter.exposition import (
     negotiate,
     runtime_families,
 )
-from exporter.web.state import STATE, State
+from exporter.state import State
+from exporter.web.state import STATE
 
 log = logging.getLogger(__name__)
 

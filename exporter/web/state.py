@@ -7,6 +7,4 @@ from aiohttp import web
 
 from exporter.state import State
 
-__all__ = ["STATE", "State"]  # handlers import both from here
-
 STATE = web.AppKey("state", State)
