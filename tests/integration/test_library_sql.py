@@ -1,5 +1,6 @@
 """The cheaper SQL of the default library reports what the dearer one did (issue 22): sizes
-added up from their parts, block I/O time read only where blocks moved, settings read by name.
+added up from their parts, block I/O times read by name whatever the extension's version,
+settings read by name.
 """
 
 from __future__ import annotations
@@ -103,18 +104,19 @@ def test_table_size_parts_add_up_to_the_servers_total(pg18: LocalCluster) -> Non
     assert rows["public.sized"]["toastsize"] > 0
 
 
-def test_query_io_time_counts_every_statement_that_moved_blocks(pg18: LocalCluster) -> None:
+def test_query_io_time_counts_every_statement_that_moved_blocks(pg: LocalCluster) -> None:
     """With track_io_timing on, statements that read and wrote blocks outside the buffer pool
-    get the same io_time as summing every entry's block I/O times (the JSON is skipped only
-    for entries that moved no block)."""
-    with psycopg.connect(_database(pg18), autocommit=True) as conn:
+    get the same io_time as summing every entry's block I/O times from the entry turned into
+    JSON, under the extension's old names (PostgreSQL 15: blk_read_time) and new ones (18:
+    shared_blk_read_time, local_blk_read_time): pg_query reads both by name, no JSON."""
+    with psycopg.connect(_database(pg), autocommit=True) as conn:
         conn.execute("SET track_io_timing = on")
         # Bulk writes and reads go through a small ring of buffers: blocks leave the pool.
         conn.execute("DROP TABLE IF EXISTS bulky")
         conn.execute("CREATE TABLE bulky AS SELECT i, md5(i::text) AS v"
                      " FROM generate_series(1, 400000) AS i")  # fmt: skip
         conn.execute("SELECT count(*) FROM bulky WHERE v LIKE 'ab%'")
-    with psycopg.connect(pg18.dsn(), autocommit=True) as conn:
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         rows = {(r["datname"], r["query"]): float(r["io_time"]) for r in _rows(conn, "pg_query")}
         reference = conn.execute(IO_TIME_OF_EVERY_ENTRY).fetchall()
@@ -123,3 +125,90 @@ def test_query_io_time_counts_every_statement_that_moved_blocks(pg18: LocalClust
     for key, seconds in timed.items():
         if key in rows:
             assert rows[key] == seconds
+
+
+INDEX_VIEWS = """
+SELECT s.schemaname || '.' || s.indexrelname, s.schemaname || '.' || s.relname, s.idx_scan,
+       s.idx_tup_read, s.idx_tup_fetch, io.idx_blks_read, io.idx_blks_hit, c.relpages, x.indisvalid
+  FROM pg_stat_user_indexes AS s
+  JOIN pg_statio_user_indexes AS io USING (indexrelid)
+  JOIN pg_class AS c ON c.oid = s.indexrelid
+  JOIN pg_index AS x ON x.indexrelid = s.indexrelid
+ WHERE s.schemaname !~ '^pg_temp_'
+"""
+
+
+def test_index_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
+    """pg_index reads the catalogs and statistics functions behind pg_stat_user_indexes and
+    pg_statio_user_indexes: the same indexes (none of a temporary table or a system schema)
+    with the same counters, a failed concurrent build shown invalid."""
+    with psycopg.connect(_database(pg), autocommit=True) as conn:
+        conn.execute(
+            "DROP TABLE IF EXISTS indexed; DROP MATERIALIZED VIEW IF EXISTS indexed_mv;"
+            "CREATE TABLE indexed (id int PRIMARY KEY, w int);"
+            "INSERT INTO indexed SELECT i, i % 3 FROM generate_series(1, 1000) AS i;"
+            "CREATE INDEX indexed_w ON indexed (w);"
+            "CREATE MATERIALIZED VIEW indexed_mv AS SELECT id FROM indexed;"
+            "CREATE UNIQUE INDEX indexed_mv_id ON indexed_mv (id);"
+            "CREATE TEMP TABLE scratch (id int PRIMARY KEY);"
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'indexed_w'::regclass"
+        )
+        conn.execute("SET enable_seqscan = off")
+        for key in (1, 2, 3):
+            conn.execute("SELECT w FROM indexed WHERE id = %s", (key,))
+        conn.execute("SELECT pg_stat_force_next_flush()" if pg.version >= 150000 else "SELECT 1")
+        branch = "pg_index_16" if pg.version >= 160000 else "pg_index_13"
+        rows = {r["idxname"]: r for r in _rows(conn, branch)}
+        truth = {r[0]: r for r in conn.execute(INDEX_VIEWS).fetchall()}
+    assert set(rows) == set(truth)
+    assert {"public.indexed_pkey", "public.indexed_w", "public.indexed_mv_id"} <= set(rows)
+    for name, r in rows.items():
+        got = (name, r["relname"], r["idx_scan"], r["idx_tup_read"], r["idx_tup_fetch"],
+               r["idx_blks_read"], r["idx_blks_hit"], r["relpages"], r["valid"])  # fmt: skip
+        assert got == truth[name]
+    assert rows["public.indexed_pkey"]["idx_scan"] >= 3
+    assert rows["public.indexed_w"]["valid"] is False
+
+
+TABLE_VIEWS = """
+SELECT quote_ident(s.schemaname) || '.' || s.relname, s.seq_scan, s.seq_tup_read, s.idx_scan,
+       s.idx_tup_fetch, s.n_tup_ins, s.n_tup_upd, s.n_tup_del, s.n_live_tup, s.n_dead_tup,
+       s.vacuum_count, s.analyze_count, io.heap_blks_hit, io.idx_blks_hit
+  FROM pg_stat_user_tables AS s
+  JOIN pg_statio_user_tables AS io USING (relid)
+ WHERE s.schemaname !~ '^pg_temp_'
+"""
+TABLE_COLUMNS = ("relname", "seq_scan", "seq_tup_read", "idx_scan", "idx_tup_fetch", "n_tup_ins",
+                 "n_tup_upd", "n_tup_del", "n_live_tup", "n_dead_tup", "vacuum_count",
+                 "analyze_count", "heap_blks_hit", "idx_blks_hit")  # fmt: skip
+
+
+def test_table_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
+    """pg_table calls the statistics functions behind pg_stat_user_tables itself: the same
+    tables (a materialized view included, a temporary table not) with the same counters, an
+    index-less table's idx_scan and idx_tup_fetch empty as in the view."""
+    with psycopg.connect(_database(pg), autocommit=True) as conn:
+        conn.execute(
+            "DROP MATERIALIZED VIEW IF EXISTS counted_mv; DROP TABLE IF EXISTS counted, bare;"
+            "CREATE TABLE counted (id int PRIMARY KEY, w int);"
+            "CREATE INDEX counted_w ON counted (w);"
+            "INSERT INTO counted SELECT i, i % 3 FROM generate_series(1, 1000) AS i;"
+            "UPDATE counted SET w = 5 WHERE id < 10; DELETE FROM counted WHERE id > 990;"
+            "CREATE TABLE bare (v text); INSERT INTO bare VALUES ('a'), ('b');"
+            "CREATE MATERIALIZED VIEW counted_mv AS SELECT id FROM counted;"
+            "CREATE TEMP TABLE scratch (id int PRIMARY KEY)"
+        )
+        conn.execute("VACUUM ANALYZE counted, bare")
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SELECT w FROM counted WHERE id IN (1, 2, 3)")
+        conn.execute("SELECT pg_stat_force_next_flush()" if pg.version >= 150000 else "SELECT 1")
+        major = "13" if pg.version < 160000 else "16" if pg.version < 180000 else "18"
+        branch = f"pg_table_{major}"
+        rows = {r["relname"]: r for r in _rows(conn, branch)}
+        truth = {r[0]: r for r in conn.execute(TABLE_VIEWS).fetchall()}
+    assert set(rows) == set(truth)
+    assert {"public.counted", "public.bare", "public.counted_mv"} <= set(rows)
+    for name, r in rows.items():
+        assert tuple(r[c] for c in TABLE_COLUMNS)[1:] == truth[name][1:], name
+    assert rows["public.bare"]["idx_scan"] is None
+    assert rows["public.counted"]["n_tup_del"] == 10
