@@ -173,14 +173,17 @@ def test_index_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
 TABLE_VIEWS = """
 SELECT quote_ident(s.schemaname) || '.' || s.relname, s.seq_scan, s.seq_tup_read, s.idx_scan,
        s.idx_tup_fetch, s.n_tup_ins, s.n_tup_upd, s.n_tup_del, s.n_live_tup, s.n_dead_tup,
-       s.vacuum_count, s.analyze_count, io.heap_blks_hit, io.idx_blks_hit
+       s.vacuum_count, s.analyze_count, io.heap_blks_read, io.heap_blks_hit, io.idx_blks_read,
+       io.idx_blks_hit, io.toast_blks_read, io.toast_blks_hit, io.tidx_blks_read, io.tidx_blks_hit
   FROM pg_stat_user_tables AS s
   JOIN pg_statio_user_tables AS io USING (relid)
  WHERE s.schemaname !~ '^pg_temp_'
 """
 TABLE_COLUMNS = ("relname", "seq_scan", "seq_tup_read", "idx_scan", "idx_tup_fetch", "n_tup_ins",
                  "n_tup_upd", "n_tup_del", "n_live_tup", "n_dead_tup", "vacuum_count",
-                 "analyze_count", "heap_blks_hit", "idx_blks_hit")  # fmt: skip
+                 "analyze_count", "heap_blks_read", "heap_blks_hit", "idx_blks_read",
+                 "idx_blks_hit", "toast_blks_read", "toast_blks_hit", "tidx_blks_read",
+                 "tidx_blks_hit")  # fmt: skip
 
 
 def test_table_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
@@ -195,12 +198,15 @@ def test_table_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
             "INSERT INTO counted SELECT i, i % 3 FROM generate_series(1, 1000) AS i;"
             "UPDATE counted SET w = 5 WHERE id < 10; DELETE FROM counted WHERE id > 990;"
             "CREATE TABLE bare (v text); INSERT INTO bare VALUES ('a'), ('b');"
+            "INSERT INTO bare SELECT string_agg(md5(j::text), '')"
+            "  FROM generate_series(1, 500) AS j;"
             "CREATE MATERIALIZED VIEW counted_mv AS SELECT id FROM counted;"
             "CREATE TEMP TABLE scratch (id int PRIMARY KEY)"
         )
         conn.execute("VACUUM ANALYZE counted, bare")
         conn.execute("SET enable_seqscan = off")
         conn.execute("SELECT w FROM counted WHERE id IN (1, 2, 3)")
+        conn.execute("SELECT length(v) FROM bare")  # reads the TOAST table and its index
         conn.execute("SELECT pg_stat_force_next_flush()" if pg.version >= 150000 else "SELECT 1")
         major = "13" if pg.version < 160000 else "16" if pg.version < 180000 else "18"
         branch = f"pg_table_{major}"
@@ -212,3 +218,4 @@ def test_table_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
         assert tuple(r[c] for c in TABLE_COLUMNS)[1:] == truth[name][1:], name
     assert rows["public.bare"]["idx_scan"] is None
     assert rows["public.counted"]["n_tup_del"] == 10
+    assert rows["public.bare"]["toast_blks_hit"] + rows["public.bare"]["toast_blks_read"] > 0
