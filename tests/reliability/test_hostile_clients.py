@@ -123,8 +123,8 @@ async def test_clients_that_never_read_hold_no_slot_and_are_cut_off(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """Two clients that never read a ~6 MB answer and send no scrape-timeout header: a
-    scrape is answered 200 while they hold their connections (a slot is given back once
-    its answer is rendered; writing holds only a writer's place), and each is cut off
+    scrape is answered 200 while they hold their connections (B2: a slot is given back
+    once its answer is rendered; writing holds only a writer's place), and each is cut off
     once its answer makes no progress for a few seconds, not after the 30 s budget
     (issue 25; before: every scrape got 503 for 30 s, and again as they asked again)."""
     config = tmp_path / "big.yml"

@@ -365,7 +365,7 @@ async def test_non_readers_hold_no_slot_a_scrape_needs(
     header: once their answer is rendered they hold a writer's place, not an admission
     slot, so a well-behaved scrape still gets 200 while they hold their connections; each
     is cut off after WRITE_STALL_SECONDS without progress, not the 30 s budget (before:
-    both slots were held for 30 s and every other scrape got 503)."""
+    both slots were held for 30 s and every other scrape got 503) (B2)."""
     definitions = write_collectors(tmp_path, BIG)
     async with serving(settings(cluster), definitions) as served:
         admission = served.app[STATE].admission
