@@ -28,7 +28,7 @@ from exporter.settings import ListenAddress, Settings
 from exporter.web.app import create_app, create_fleet_app, make_runner
 from exporter.web.config import WebConfig, ssl_context
 from exporter.web.fleet import FLEET
-from exporter.web.reloading import RELOADER, Outcome, Reloader
+from exporter.web.reloading import RELOADER, Reloader, ReloadResult
 from exporter.web.state import STATE
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    reloads: set[asyncio.Task[Outcome]] = set()  # keep references until done
+    reloads: set[asyncio.Task[ReloadResult]] = set()  # keep references until done
     for sig in (signal.SIGHUP, signal.SIGUSR1):  # the Go exporter reloads on both
         loop.add_signal_handler(sig, _reload_soon, app[RELOADER], reloads)
     systemd.ready()
@@ -165,7 +165,7 @@ def _name(sock: socket.socket) -> str:
     return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
-def _reload_soon(reloader: Reloader, tasks: set[asyncio.Task[Outcome]]) -> None:
+def _reload_soon(reloader: Reloader, tasks: set[asyncio.Task[ReloadResult]]) -> None:
     """SIGHUP, SIGUSR1: reload like ``/reload`` does, in a task of the event loop."""
     task = asyncio.get_running_loop().create_task(reloader.reload())
     tasks.add(task)

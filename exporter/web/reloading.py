@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 _HASH_LIMIT = 16 * 1024 * 1024
 
 
-class Outcome(NamedTuple):
+class ReloadResult(NamedTuple):
     """What one reload did: ``ok`` False keeps the running config."""
 
     ok: bool
@@ -109,12 +109,12 @@ class Reloader:
         # The listener's TLS context, whose certificate and key a reload re-reads.
         self.tls_context: ssl.SSLContext | None = None
         self.current = self._fingerprints()  # of the files the running config came from
-        self.running: asyncio.Task[Outcome] | None = None
-        self.queued: asyncio.Task[Outcome] | None = None
+        self.running: asyncio.Task[ReloadResult] | None = None
+        self.queued: asyncio.Task[ReloadResult] | None = None
         self.reloads = 0  # reloads that parsed a changed config
         # The last failure and the files it came from: the same broken files are not
         # parsed again on every request of a flood.
-        self.failed: tuple[tuple[str, str], Outcome] | None = None
+        self.failed: tuple[tuple[str, str], ReloadResult] | None = None
 
     def _fingerprints(self) -> tuple[str, str]:
         """(collector config and web config, targets file with its secret files)."""
@@ -128,7 +128,7 @@ class Reloader:
         """Take the files as they are now as the running config's (after start-up)."""
         self.current = self._fingerprints()
 
-    async def reload(self) -> Outcome:
+    async def reload(self) -> ReloadResult:
         """Reload, or share the reload queued behind the running one."""
         # The password may be fixed: every target logs in at once again (issue 25).
         if self.exporter is not None:
@@ -142,19 +142,19 @@ class Reloader:
             self.queued = asyncio.create_task(self._after(self.running))
         return await asyncio.shield(self.queued)
 
-    async def _after(self, running: asyncio.Task[Outcome]) -> Outcome:
+    async def _after(self, running: asyncio.Task[ReloadResult]) -> ReloadResult:
         await asyncio.wait({running})
         self.running, self.queued = self.queued, None
         return await self._run_then_release()
 
-    async def _run_then_release(self) -> Outcome:
+    async def _run_then_release(self) -> ReloadResult:
         try:
             return await self._reload_once()
         finally:
             if self.queued is None:
                 self.running = None
 
-    async def _reload_once(self) -> Outcome:
+    async def _reload_once(self) -> ReloadResult:
         settings = self.settings
         now = await asyncio.to_thread(self._fingerprints)
         if now == self.current:
@@ -164,7 +164,7 @@ class Reloader:
                     "the running config stays as it is"
                 )
             log.debug(message)
-            return Outcome(True, message)
+            return ReloadResult(True, message)
         if self.failed is not None and self.failed[0] == now:
             return self.failed[1]
         config_changed = now[0] != self.current[0]
@@ -180,7 +180,7 @@ class Reloader:
             tls = await asyncio.to_thread(_renewed_tls, settings, self.tls_context)
         except (ConfigError, UsageError) as exc:
             log.error("reload failed, the running config stays: %s", exc)
-            failure = Outcome(False, f"reload failed, the running config stays:\n{exc}")
+            failure = ReloadResult(False, f"reload failed, the running config stays:\n{exc}")
             self.failed = (now, failure)
             return failure
         parts = []
@@ -206,7 +206,7 @@ class Reloader:
         for warning in (*(definitions.warnings if definitions else ()),
                         *(declared.warnings if declared else ())):  # fmt: skip
             log.warning(warning)
-        return Outcome(True, message)
+        return ReloadResult(True, message)
 
 
 def _digest_of(paths: Sequence[str]) -> str:
