@@ -28,12 +28,13 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from exporter import rules
 from exporter.errors import ConfigError, TargetError, excerpt
 from exporter.files import FileRefused, read_regular
 from exporter.loading import Bounds, parse_yaml, read_text
-from exporter.settings import MAX_WHOLE, MIN_MAX_CONNECTIONS, Settings
+from exporter.problems import Notes, kind_name
+from exporter.settings import Settings
 from exporter.target import checked
-from exporter.validation import LABEL_NAME, Notes, kind_name
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_TARGETS = 10_000
@@ -288,10 +289,8 @@ class _Reader:
             return None
         pairs = dict(self.base.const_labels)  # the target's labels add to --label's
         for key, text in value.items():
-            if not isinstance(key, str) or not LABEL_NAME.fullmatch(key) or key.startswith("__"):
-                self.notes.error(
-                    f"{where}.{key}", "not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*)"
-                )
+            if not rules.is_label_name(key):
+                self.notes.error(f"{where}.{key}", f"not a valid label name ({rules.LABEL_RULE})")
             elif not isinstance(text, (str, int, float)) or isinstance(text, bool):
                 self.notes.error(
                     f"{where}.{key}", f"a label value must be text, got {kind_name(text)}"
@@ -300,12 +299,14 @@ class _Reader:
                 pairs[key] = str(text)
         return tuple(pairs.items())
 
-    def words(self, where: str, value: object) -> tuple[str, ...] | None:
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+    def names(self, where: str, value: object) -> tuple[str, ...] | None:
+        """A list of names, or one comma-separated string of them (as the flag takes)."""
+        if isinstance(value, str):
+            return rules.comma_list(value)
+        if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
             self.notes.error(where, f"must be a list of names, got {kind_name(value)}")
             return None
-        return tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+        return rules.names(value)
 
     def switch(self, where: str, value: object) -> bool | None:
         if not isinstance(value, bool):
@@ -313,21 +314,15 @@ class _Reader:
             return None
         return value
 
-    def count(self, where: str, value: object, minimum: int) -> int | None:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not minimum <= value <= MAX_WHOLE
-        ):
-            self.notes.error(
-                where, f"must be a whole number from {minimum} to {MAX_WHOLE}, got {excerpt(value)}"
-            )
+    def count(self, where: str, value: object, rule: rules.Whole) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int) or not rule.holds(value):
+            self.notes.error(where, f"must be {rule}, got {excerpt(value)}")
             return None
         return value
 
     def namespace(self, where: str, value: object) -> str | None:
-        if not isinstance(value, str) or not LABEL_NAME.fullmatch(value):
-            self.notes.error(where, f"must be a valid metric name prefix, got {excerpt(value)}")
+        if not rules.is_namespace(value):
+            self.notes.error(where, f"must be {rules.NAMESPACE_RULE}, got {excerpt(value)}")
             return None
         return value
 
@@ -335,12 +330,12 @@ class _Reader:
 _Read = Callable[[_Reader, str, Any], Any]
 _OPTION_READERS: dict[str, _Read] = {
     "labels": _Reader.labels,
-    "tags": _Reader.words,
+    "tags": _Reader.names,
     "auto_discovery": _Reader.switch,
-    "include_databases": _Reader.words,
-    "exclude_databases": _Reader.words,
-    "max_connections": lambda r, w, v: r.count(w, v, MIN_MAX_CONNECTIONS),
-    "parallel_databases": lambda r, w, v: r.count(w, v, 1),
+    "include_databases": _Reader.names,
+    "exclude_databases": _Reader.names,
+    "max_connections": lambda r, w, v: r.count(w, v, rules.MAX_CONNECTIONS),
+    "parallel_databases": lambda r, w, v: r.count(w, v, rules.PARALLEL_DATABASES),
     "namespace": _Reader.namespace,
 }
 _SETTING_OF = {"labels": "const_labels"}

@@ -23,8 +23,9 @@ from exporter.definitions import (
 )
 from exporter.errors import ConfigError, Problem, excerpt, shorten
 from exporter.files import FileRefused, read_regular
+from exporter.problems import Notes, kind_name
 from exporter.settings import Settings
-from exporter.validation import Notes, const_label_problems, kind_name, read_branch
+from exporter.validation import const_label_problems, read_branch
 
 YAML_SUFFIXES = (".yml", ".yaml")
 _INT_TAG = "tag:yaml.org,2002:int"

@@ -1,7 +1,9 @@
 """Settings: how the exporter runs (flags and environment), as one frozen object.
 
-Parsing and validation live in :mod:`exporter.cli`; the target URL is read by
-libpq into a :class:`~exporter.target.Target` when the settings are made.
+The command line and the environment are read by :mod:`exporter.commandline`, the
+targets file by :mod:`exporter.declared`, both under the rules of :mod:`exporter.rules`;
+the target URL is read by libpq into a :class:`~exporter.target.Target` when the
+settings are made.
 """
 
 from __future__ import annotations
@@ -21,18 +23,14 @@ DEFAULT_BACKOFF_CEILING = backoff.DEFAULT_CEILING  # seconds (D15)
 # Connections to the target at once, the health probe's included: the main database
 # and the probe fit with room for a few discovered ones (issue 13).
 DEFAULT_MAX_CONNECTIONS = 4
-MIN_MAX_CONNECTIONS = 2  # the health probe's and one database's
 DEFAULT_PARALLEL_DATABASES = 2  # discovered databases walked at once, within the budget
 DEFAULT_MAX_TOTAL_SERIES = 500_000  # over every collector and database; 0: no limit
 DEFAULT_MAX_CONCURRENT_TARGETS = 8  # fleet mode: targets collected at once
-# The largest whole number a flag, variable or targets-file field takes: libpq and
-# Go's flag parsing both hold 32-bit ints; past this a value is a typo, not a setting.
-MAX_WHOLE = 2**31 - 1
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
 
 class ListenAddress(NamedTuple):
-    """One ``--web.listen-address``, as :mod:`exporter.cli` parsed it."""
+    """One ``--web.listen-address``, as :mod:`exporter.commandline` parsed it."""
 
     host: str | None  # None: every interface; an IPv6 address without its brackets
     port: int  # 0-65535; 0: a free port the system picks, logged at start

@@ -125,12 +125,14 @@ def test_url_file_holds_the_whole_url(tmp_path: Path) -> None:
         ),
         (
             "targets:\n  - name: a\n    url: postgresql:///x\n    max_connections: 1",
-            "targets[0](a).max_connections: must be a whole number from 2 to 2147483647, got 1",
+            "targets[0](a).max_connections: must be at least 2, the health probe's connection "
+            "and one database's (a whole number from 2 to 2147483647), got 1",
         ),
         (
             "targets:\n  - name: a\n    url: postgresql:///x\n    parallel_databases: 1"
             + "9" * 400,
-            "targets[0](a).parallel_databases: must be a whole number from 1 to 2147483647, got ",
+            "targets[0](a).parallel_databases: must be at least 1 (a whole number from 1 to "
+            "2147483647), got ",
         ),
         (
             "targets:\n  - name: a\n    url: postgresql:///x\n    labels: {__x: y}",
