@@ -208,8 +208,10 @@ class Fleet:
             now = time.time()
             for member in list(self.members.values()):
                 exporter = member.state.exporter
-                last = exporter.stats.last_scrape_time
-                if not last or now - last <= CONNECTIONS_IDLE:
+                # Never collected counts from the member's start: --fail-fast connects
+                # every target at start, even those no scrape ever comes for.
+                last = exporter.stats.last_scrape_time or exporter.stats.started_at
+                if now - last <= CONNECTIONS_IDLE:
                     continue
                 try:
                     released = await exporter.release()
