@@ -31,10 +31,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from exporter import rules
 from exporter.errors import ConfigError, TargetError, excerpt
 from exporter.files import FileRefused, read_regular
-from exporter.loading import Bounds, parse_yaml, read_text
 from exporter.problems import Notes, kind_name
 from exporter.settings import Settings
 from exporter.target import checked
+from exporter.yamlfiles import Bounds, parse_yaml, read_text
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_TARGETS = 10_000

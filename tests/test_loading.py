@@ -11,13 +11,8 @@ import pytest
 
 from exporter.definitions import DEFAULT_TIMEOUT, Collector, Column, Predicate, Usage
 from exporter.errors import ConfigError, Problem
-from exporter.loading import (
-    MAX_ALIAS_EXPANSION,
-    MAX_FILE_CHARS,
-    MAX_VALUES,
-    load_definitions,
-    read_document,
-)
+from exporter.loading import load_definitions, read_document
+from exporter.yamlfiles import MAX_ALIAS_EXPANSION, MAX_FILE_CHARS, MAX_VALUES
 
 GAUGE_ONLY = "metrics: [{v: {usage: GAUGE}}]"
 
