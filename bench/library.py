@@ -25,9 +25,10 @@ Exporters (``key``: what runs):
 
 Per pass (one scrape): exporter CPU (utime+stime), wall time of the scrape, database
 time and statements (``pg_stat_statements`` of the role: total_exec_time and calls,
-utility statements included), series (sample lines), RSS after the scrapes. Below the
-tables, the branches of our library that cost the most database time in the uncached
-passes (``bench.statements``).
+utility statements included), PostgreSQL CPU (the whole cluster's utime+stime over the
+scrapes: parsing, planning and the protocol, which total_exec_time leaves out), series
+(sample lines), RSS after the scrapes. Below the tables, the branches of our library
+that cost the most database time in the uncached passes (``bench.statements``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pathlib import Path
 from bench import statements as per_branch
 from bench.cluster import REPO
 from bench.exporters import ExporterFailed, Launch, ours_python, running
-from bench.measure import ANY_SAMPLE, memory, process_cpu_seconds, scrape
+from bench.measure import ANY_SAMPLE, memory, postgres_cpu_seconds, process_cpu_seconds, scrape
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 
 ROLE = "bench_monitor"
@@ -92,6 +93,7 @@ class Pass:
     statements: float
     series: int
     rss_mib: float
+    pg_cpu_ms: float = 0.0  # the whole cluster's CPU: parse, plan and protocol included
     error: str = ""
     branches: tuple[per_branch.Cost, ...] = ()  # ours, uncached: database time per branch
 
@@ -222,7 +224,8 @@ def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
         for _ in range(options.warmup):
             scrape(spec.port, "/metrics", gzip_ok=True, timeout=60)
         cluster.psql(f"SELECT pg_stat_statements_reset('{ROLE}'::regrole)")
-        cpu0 = process_cpu_seconds(proc.pid)
+        postmaster = _postmaster_pid(cluster)
+        cpu0, pg0 = process_cpu_seconds(proc.pid), postgres_cpu_seconds(postmaster)
         walls, last = [], None
         for _ in range(options.scrapes):
             last = scrape(spec.port, "/metrics", gzip_ok=True, timeout=60)
@@ -230,6 +233,7 @@ def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
                 raise ExporterFailed(f"{key}: HTTP {last.status}")
             walls.append(last.seconds)
         cpu = process_cpu_seconds(proc.pid) - cpu0
+        pg_cpu = postgres_cpu_seconds(postmaster) - pg0
         rss = memory(proc.pid).rss_kib / 1024
     calls, db_ms = role_totals(cluster)
     n = options.scrapes
@@ -238,7 +242,13 @@ def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
     if key == OURS and flavour == "uncached" and options.top_branches:
         branches = tuple(per_branch.measure(cluster, ROLE, bench.queries, n))
     return Pass(key, flavour, rnd, cpu * 1000 / n, statistics.median(walls) * 1000,
-                db_ms / n, calls / n, series, rss, branches=branches)  # fmt: skip
+                db_ms / n, calls / n, series, rss, pg_cpu * 1000 / n,
+                branches=branches)  # fmt: skip
+
+
+def _postmaster_pid(cluster: LocalCluster) -> int:
+    """The postmaster's pid: the first line of ``postmaster.pid``."""
+    return int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
 
 
 def exporters_of(options: Options) -> list[str]:
@@ -275,7 +285,8 @@ def _one(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
         return Pass(key, flavour, rnd, 0, 0, 0, 0, 0, 0, error=str(exc))
     _progress(
         f"round {rnd} {flavour} {key}: cpu {result.cpu_ms:.1f} ms, wall {result.wall_ms:.1f} ms,"
-        f" db {result.db_ms:.1f} ms, {result.statements:.0f} statements,"
+        f" db {result.db_ms:.1f} ms, PostgreSQL CPU {result.pg_cpu_ms:.1f} ms,"
+        f" {result.statements:.0f} statements,"
         f" {result.series} series, RSS {result.rss_mib:.1f} MiB"
     )
     return result
@@ -288,6 +299,7 @@ def _workdir() -> Iterator[Path]:
 
 
 FIELDS = (("cpu_ms", "CPU ms"), ("wall_ms", "wall ms"), ("db_ms", "db ms"),
+          ("pg_cpu_ms", "PostgreSQL CPU ms"),
           ("statements", "statements"), ("series", "series"), ("rss_mib", "RSS MiB"))  # fmt: skip
 
 
