@@ -12,7 +12,7 @@ import enum
 import logging
 import random as _random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -42,6 +42,7 @@ from exporter.errors import (
 )
 from exporter.exposition import Family
 from exporter.planning import Plan, ServerFacts, make_plan
+from exporter.prepared import Prepared, deallocate_all, preparable, prepare
 from exporter.samples import SampleBuilder
 from exporter.seriesbudget import Part
 from exporter.target import database_of
@@ -111,6 +112,7 @@ class Server:
         self.conn: Conn | None = None
         # The collector limits in force on that connection's session (issue 22).
         self.session: tuple[Conn, postgres.Limits] | None = None
+        self.prepared: Prepared | None = None  # the collector queries it has prepared
         self.facts: ServerFacts | None = None
         self.databases: tuple[str, ...] = ()
         self.unnamed: tuple[str, ...] = ()  # databases discovery cannot name (SQL_ASCII)
@@ -448,36 +450,52 @@ class Server:
         """
         assert self.facts is not None
         async with conn.cursor() as cur:
-            if self.options.pgbouncer:  # the console has no transactions or SET (D4)
-                rows = postgres.console_batches(cur, collector.query)
-            else:
-                await self._limit(conn, cur, collector)
-                rows = postgres.stream_batches(cur, collector.query)
+            session = False
+            if not self.options.pgbouncer:  # the console has no transactions or SET (D4)
+                session = await self._limit(conn, cur, collector)
             for predicate in collector.predicates:
                 if not await self._predicate(cur, collector, predicate):
                     return SKIPPED
-            builder: SampleBuilder | None = None
-            cap = collector.max_series or self.options.max_series
-            async with aclosing(rows) as batches:
-                async for names, batch in batches:
-                    if builder is None:
-                        builder = SampleBuilder(collector, names, self.options.const_labels, cap)
-                    builder.add_rows(batch)
-            return builder
+            if self.options.pgbouncer:
+                return await self._build(collector, postgres.console_batches(cur, collector.query))
+            text = await self._statement(conn, cur, collector) if session else collector.query
+            try:
+                return await self._build(collector, postgres.stream_batches(cur, text))
+            except (pgerrors.InvalidSqlStatementName, pgerrors.FeatureNotSupported) as exc:
+                if text == collector.query or not self._forget_statement(text, exc):
+                    raise
+            # The prepared statement is gone or its plan no longer fits: run it as text.
+            return await self._build(collector, postgres.stream_batches(cur, collector.query))
+
+    async def _build(
+        self,
+        collector: Collector,
+        rows: AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None],
+    ) -> SampleBuilder | None:
+        """Samples from the batches of ``rows``, stopping at the series cap (D9)."""
+        builder: SampleBuilder | None = None
+        cap = collector.max_series or self.options.max_series
+        async with aclosing(rows) as batches:
+            async for names, batch in batches:
+                if builder is None:
+                    builder = SampleBuilder(collector, names, self.options.const_labels, cap)
+                builder.add_rows(batch)
+        return builder
 
     async def _limit(
         self, conn: Conn, cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector
-    ) -> None:
+    ) -> bool:
         """Put the collector's limits in force (D1): as session settings, sent only where
         they differ from the last collector's, so that most collectors cost one round trip
         (issue 22); in a read-only transaction of the collector's own, as before, unless
         the preflight proved the connection direct and the server reports its read-only
-        default (a pooler would hand our session settings to an application)."""
+        default (a pooler would hand our session settings to an application). True when
+        the limits are session settings."""
         assert self.facts is not None
         read_only = postgres.session_read_only(conn)
         if read_only is None or self.facts.own_transaction:
             await postgres.begin(cur, collector, self.facts.version)
-            return
+            return False
         limits = postgres.Limits.of(collector.timeout, self.facts.version)
         held = self.session
         # All again on a connection not yet set up, or whose read-only default a
@@ -488,6 +506,48 @@ class Server:
             self.session = None  # unknown until the server has applied the whole list
             await postgres.set_session(cur, sql)
         self.session = (conn, limits)
+        return True
+
+    async def _statement(
+        self, conn: Conn, cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector
+    ) -> str:
+        """What to send for the collector's query on a session-limits connection: ``EXECUTE``
+        of the query prepared on this connection from its second run on (issue 22), else
+        its text."""
+        form = preparable(collector.query, collector.key)
+        if form is None:
+            return collector.query
+        name, statement = form
+        held = self.prepared
+        if held is None or held.connection is not conn:
+            held = self.prepared = Prepared(conn)
+        if held.obsolete:  # a reload left statements nobody runs: drop them all, once
+            await deallocate_all(cur)
+            held = self.prepared = Prepared(conn)
+        if held.due(name):
+            if await prepare(cur, name, statement):
+                held.names.add(name)
+            else:
+                held.refused.add(name)
+                log.info(
+                    "collector query runs as text: PostgreSQL would not prepare it",
+                    extra={"collector": collector.key, "datname": self.label},
+                )
+        return f"EXECUTE {name}" if name in held.names else collector.query
+
+    def _forget_statement(self, text: str, exc: psycopg.Error) -> bool:
+        """Forget a prepared statement that failed for being one; True when it did: gone
+        from the session (26000: a collector's own DEALLOCATE) or planned for a result
+        that no longer fits (0A000: a view or table changed its columns under it), which
+        then runs as text on this connection."""
+        held = self.prepared
+        if held is None:
+            return False
+        if isinstance(exc, pgerrors.InvalidSqlStatementName):
+            self.prepared = None  # start over: what else was prepared may be gone too
+        else:
+            held.refuse(text.removeprefix("EXECUTE "))
+        return True
 
     async def _predicate(
         self, cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector, p: Predicate
@@ -514,6 +574,8 @@ class Server:
         self.stats.clear()
         self.backoffs.clear()
         self.shed = ()
+        if self.prepared is not None:
+            self.prepared.obsolete = True
 
 
 def _timeout_message(collector: Collector, exc: BaseException) -> str:
