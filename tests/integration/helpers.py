@@ -107,18 +107,29 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> Non
         time.sleep(0.05)
 
 
+_PREPARED = re.compile(r"statement: PREPARE (pgx_\w+) AS ")
+_EXECUTED = re.compile(r": EXECUTE (pgx_\w+)$")
+
+
 def statement_calls(cluster: LocalCluster, marker: str) -> int:
     """How often the exporter ran a statement containing ``marker``, from the statement log.
 
     The log (``log_statement = all`` in the fixtures) is exact; pg_stat_statements is
-    not, since it merges statements that differ only in column aliases.
+    not, since it merges statements that differ only in column aliases. A prepared
+    query (issue 22) counts at each ``EXECUTE`` of its name, not at its ``PREPARE``.
     """
+    lines = [
+        line
+        for line in cluster.log_text().splitlines()
+        if "app=pg_exporter" in line  # not the tests' own probes that mention the marker
+        and ("statement: " in line or "execute " in line)
+    ]
+    names = prepared_names(cluster, marker)
     return sum(
         1
-        for line in cluster.log_text().splitlines()
-        if marker in line
-        and "app=pg_exporter" in line  # not the tests' own probes that mention the marker
-        and ("statement: " in line or "execute " in line)
+        for line in lines
+        if (marker in line and _PREPARED.search(line) is None)
+        or ((m := _EXECUTED.search(line)) is not None and m.group(1) in names)
     )
 
 
@@ -138,9 +149,23 @@ def exporter_backends(cluster: LocalCluster, where: str = "true", *, probe: bool
 
 
 def exporter_running(cluster: LocalCluster, marker: str) -> bool:
-    """True while a backend of the exporter is executing the marked query."""
+    """True while a backend of the exporter is executing the marked query, as text or as
+    the ``EXECUTE`` of a statement prepared from it (issue 22)."""
+    names = prepared_names(cluster, marker)
+    executing = "".join(f" OR query = 'EXECUTE {name}'" for name in sorted(names))
     out = cluster.psql(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
-        f"AND state = 'active' AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
+        f"AND state = 'active' AND (query LIKE '%{marker}%'{executing})"
+        " AND pid <> pg_backend_pid()"
     )
     return out.strip() != "0"
+
+
+def prepared_names(cluster: LocalCluster, marker: str) -> set[str]:
+    """Names of the statements the exporter prepared from queries holding ``marker``."""
+    return {
+        m.group(1)
+        for line in cluster.log_text().splitlines()
+        if marker in line and "app=pg_exporter" in line
+        and (m := _PREPARED.search(line)) is not None
+    }  # fmt: skip

@@ -174,7 +174,8 @@ async def test_an_interrupted_round_is_not_a_failure(pg: LocalCluster, tmp_path:
     def running() -> bool:
         count = pg.psql(
             "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-            f"AND query LIKE '%{m}%' AND pid <> pg_backend_pid()"
+            f"AND (query LIKE '%{m}%' OR query LIKE 'EXECUTE pgx_forever%')"  # prepared
+            " AND pid <> pg_backend_pid()"
         )
         return int(count) == 1
 

@@ -52,9 +52,11 @@ def _statements_of_one_pass(cluster: LocalCluster, log_before: int, pid: int) ->
 
 
 async def _steady_pass(cluster: LocalCluster, served: Served) -> list[str]:
-    """Statements of the second uncached pass (the first one sets the session up), on
-    the main database's connection: not the health probe's, which may ask meanwhile."""
-    assert (await get(served.port)).status == 200
+    """Statements of the third uncached pass (the first one sets the session up, the
+    second prepares each query), on the main database's connection: not the health
+    probe's, which may ask meanwhile."""
+    for _ in range(2):
+        assert (await get(served.port)).status == 200
     conn = served.app[STATE].exporter.main.conn
     assert conn is not None
     before = len(cluster.log_text())
@@ -70,8 +72,11 @@ async def test_each_collector_costs_one_round_trip_in_steady_state(
     keys = ("rt_alpha", "rt_beta", "rt_gamma")
     served = await start(pg, "".join(_marked(k) for k in keys), disable_cache=True)
     statements = await _steady_pass(pg, served)
-    per_collector = {k: sum(f"/* {k} */" in s for s in statements) for k in keys}
-    assert per_collector == dict.fromkeys(keys, 1), statements
+    prepared = served.app[STATE].exporter.main.prepared
+    assert prepared is not None
+    assert len(prepared.names) == len(keys)
+    # Each collector is one EXECUTE of its prepared query (issue 22).
+    assert sorted(statements[1:]) == sorted(f"EXECUTE {n}" for n in prepared.names), statements
     assert len(statements) == len(keys) + 1, statements  # + the preflight
     facts = served.app[STATE].exporter.main.facts
     assert facts is not None
@@ -137,6 +142,8 @@ async def test_servers_that_do_not_report_read_only_keep_a_transaction_per_colle
     assert value(body, "lim_old_v", read_only="on", statement_timeout="2s",
                  lock_timeout="500ms") == 1, body  # fmt: skip
     assert sum(s.startswith("BEGIN READ ONLY") for s in statements) == 1, statements
+    # Nothing lives in the session there: no statement is prepared (issue 22).
+    assert not any(s.startswith(("PREPARE", "EXECUTE")) for s in statements), statements
 
 
 async def test_an_unbounded_collector_after_a_bounded_one_gets_the_servers_own_limit(
