@@ -201,17 +201,18 @@ class Exporter:
         tally = PassTally()
         shedding = self._shedding()
         parts: list[Part] = []
-        main = await self.main.scrape(budget, shedding)
-        failed = self._merge(main, snapshot, tally, parts)
-        if self.main.up and snapshot.interrupted is None:
-            if self.recovery_seen is not None and self.main.facts is not None:
-                self.recovery_seen(self.main.facts.in_recovery)  # read by this pass
-            await self._sync_discovered()
-            # Other databases are cut in the main plan's run order (D16).
-            reference = self.main.plan.planned if self.main.plan else None
-            shedding = replace(shedding, reference=reference)
-            for result in await self._walk(self.servers[1:], budget, shedding):
-                failed |= self._merge(result, snapshot, tally, parts)
+        slots = asyncio.Semaphore(self.width)  # databases walked at once, the main one too
+        ready = asyncio.Event()  # the main database's preflight is done
+        async with asyncio.TaskGroup() as group:
+            main = group.create_task(self._one(self.main, slots, budget, shedding, ready))
+            others = await self._discover_meanwhile(
+                group, main, ready, slots=slots, budget=budget, shedding=shedding
+            )
+        failed = self._merge(main.result(), snapshot, tally, parts)
+        # Other databases count only beside a main database that is up: a fatal collector
+        # there makes the target down, whatever they produced meanwhile.
+        for other in others if self.main.up else ():
+            failed |= self._merge(other.result(), snapshot, tally, parts)
         snapshot.families = self.series_budget.apply(parts)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
@@ -220,6 +221,37 @@ class Exporter:
         self._judge(tally, snapshot.interrupted)
         return snapshot
 
+    async def _discover_meanwhile(
+        self,
+        group: asyncio.TaskGroup,
+        main: asyncio.Task[ServerResult],
+        ready: asyncio.Event,
+        *,
+        slots: asyncio.Semaphore,
+        budget: Budget,
+        shedding: Shedding,
+    ) -> list[asyncio.Task[ServerResult]]:
+        """Once the main database's preflight has named the databases, start walking the
+        others beside its collectors (issue 22), within the same ``slots``; none when the
+        main database could not be reached or the request ended first."""
+        waiting = asyncio.ensure_future(ready.wait())
+        try:
+            await asyncio.wait((main, waiting), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if not ready.is_set() or budget.interruption() is not None:
+            return []
+        if self.recovery_seen is not None and self.main.facts is not None:
+            self.recovery_seen(self.main.facts.in_recovery)  # read by this pass
+        await self._sync_discovered()
+        # Other databases are cut in the main plan's run order (D16).
+        reference = self.main.plan.planned if self.main.plan else None
+        shedding = replace(shedding, reference=reference)
+        return [
+            group.create_task(self._one(server, slots, budget, shedding))
+            for server in self.servers[1:]
+        ]
+
     @property
     def width(self) -> int:
         """Databases walked at once: the setting, never above the databases' connections."""
@@ -227,24 +259,19 @@ class Exporter:
         wanted = self.settings.parallel_databases
         return wanted if capacity is None else max(1, min(wanted, capacity))
 
-    async def _walk(
-        self, servers: list[Server], budget: Budget, shedding: Shedding
-    ) -> list[ServerResult]:
-        """Scrape ``servers``, ``width`` at a time, their results in the same order.
-
-        Each checks the request before it connects and before each collector (B10), so
-        once the budget is spent or the client gone, the walks still waiting start
-        nothing; one failing unexpectedly cancels the others.
-        """
-        gate = asyncio.Semaphore(self.width)
-
-        async def one(server: Server) -> ServerResult:
-            async with gate:
-                return await server.scrape(budget, shedding)
-
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(server)) for server in servers]
-        return [task.result() for task in tasks]
+    @staticmethod
+    async def _one(
+        server: Server,
+        slots: asyncio.Semaphore,
+        budget: Budget,
+        shedding: Shedding,
+        ready: asyncio.Event | None = None,
+    ) -> ServerResult:
+        """One database's part of the pass, once a slot is free. Each checks the request
+        before it connects and before each collector (B10), so once the budget is spent or
+        the client gone, the walks still waiting start nothing."""
+        async with slots:
+            return await server.scrape(budget, shedding, ready)
 
     @staticmethod
     def _merge(

@@ -8,6 +8,7 @@ its own deadline; results are published whole or not at all.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import random as _random
@@ -208,16 +209,19 @@ class Server:
         # Its place in the budget frees once the server has ended the backend.
         await self.budget.close(self, postgres.close_and_wait(conn))
 
-    async def scrape(self, budget: Budget, shedding: Shedding = NO_SHEDDING) -> ServerResult:
+    async def scrape(
+        self, budget: Budget, shedding: Shedding = NO_SHEDDING, ready: asyncio.Event | None = None
+    ) -> ServerResult:
         """Walk this database's planned collectors, serving fresh caches (B6, B10) and
-        leaving out what ``shedding`` sheds (D16)."""
+        leaving out what ``shedding`` sheds (D16); ``ready`` is set once the preflight has
+        read the server's facts, before the first collector."""
         start = self.clock()
         result = ServerResult()
         self.budget.busy(self, busy=True)  # its connection is not closed for another's
         try:
             result.interrupted = budget.interruption()
             if result.interrupted is None:
-                await self._scrape_prepared(budget, result, shedding)
+                await self._scrape_prepared(budget, result, shedding, ready)
         except (psycopg.Error, OSError) as exc:
             result.error = f"database {self.label or '?'}: {exc}"
             result.tally.distress = distress_of(exc)
@@ -248,7 +252,7 @@ class Server:
             raise
 
     async def _scrape_prepared(
-        self, budget: Budget, result: ServerResult, shedding: Shedding
+        self, budget: Budget, result: ServerResult, shedding: Shedding, ready: asyncio.Event | None
     ) -> None:
         if self._needs_connection(shedding):
             try:
@@ -257,6 +261,8 @@ class Server:
                 result.interrupted = ended.reason
                 return
             self.up = True
+        if ready is not None:
+            ready.set()
         assert self.plan is not None
         cut = shedding.cut(self.plan.planned)
         try:

@@ -353,6 +353,65 @@ async def test_parallel_walks_stop_when_the_client_leaves(
     assert cached < 31
 
 
+async def test_the_main_database_runs_beside_the_discovered_ones(
+    pg18: LocalCluster, start: Start, databases: list[str]
+) -> None:
+    """Once the main database's preflight has named the others, a discovered database is
+    walked beside the main one's collectors, within --parallel-databases (issue 22): the
+    same slow collector is seen running in both at once."""
+    m = _marker()
+    served = await _parallel(start, pg18, _sleepy(m, "1", timeout=5), databases[:1])
+    scrape = asyncio.create_task(get(served.port))
+    both = f"state = 'active' AND query LIKE '%{m}%'"
+    await poll_async(lambda: exporter_backends(pg18, both) == 2, "both databases at once")
+    assert (await scrape).status == 200
+    assert _cached_ok(served) == 2
+
+
+async def test_one_database_at_a_time_keeps_the_main_one_first(
+    pg18: LocalCluster, start: Start, databases: list[str]
+) -> None:
+    """With --parallel-databases 1 the main database's collectors all run before another
+    database's start: the discovered one's statement begins after the main one's ended."""
+    text = """
+    started:
+      query: >-
+        SELECT current_database() AS datname, extract(epoch FROM statement_timestamp()) AS at
+        FROM pg_sleep(0.3)
+      timeout: 5
+      metrics:
+        - datname: {usage: LABEL, description: database}
+        - at: {usage: GAUGE, description: when the statement started}
+    """
+    served = await start(
+        pg18, text, auto_discovery=True, include_databases=(databases[0],),
+        max_connections=4, parallel_databases=1,
+    )  # fmt: skip
+    body = (await get(served.port)).text
+    main_at = value(body, "started_at", datname="postgres")
+    other_at = value(body, "started_at", datname=databases[0])
+    assert other_at >= main_at + 0.3, body
+
+
+async def test_a_fatal_failure_on_the_main_database_publishes_no_other(
+    pg18: LocalCluster, start: Start, databases: list[str]
+) -> None:
+    """A fatal collector failing on the main database makes the target down, and whatever
+    the discovered databases produced beside it is left out (B19)."""
+    text = """
+guard:
+  query: SELECT CASE WHEN current_database() = 'postgres' THEN 1/0 ELSE 1 END AS v
+  fatal: true
+  timeout: 5
+  metrics:
+    - v: {usage: GAUGE, description: fails on the main database only}
+""" + PERDB.format(ttl=0)
+    served = await _parallel(start, pg18, text, databases[:2])
+    body = (await get(served.port)).text
+    assert value(body, "pg_up") == 0, body
+    assert [k for k in samples(body) if k[0] in {"perdb_one", "guard_v"}] == [], body
+
+
 async def test_unbounded_collector_in_a_discovered_database_is_cancelled_in_postgres(
     pg18: LocalCluster, start: Start, databases: list[str]
 ) -> None:
