@@ -158,13 +158,22 @@ def _settings(**fields: object) -> Settings:
     return Settings(**given)  # type: ignore[arg-type]
 
 
+async def _serve(
+    settings: Settings, definitions: Definitions, web_config: WebConfig, declared: Declared | None
+) -> int:
+    """serve._serve under a deadline: one that goes on serving by mistake fails the test
+    (it would wait for a signal for good)."""
+    async with asyncio.timeout(DEADLINE):
+        return await serve._serve(settings, definitions, web_config, declared)
+
+
 async def test_fail_fast_and_an_unreachable_target_exit_2(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """--fail-fast with the target refusing: exit code 2 before listening, the error
     naming the target by its masked URL."""
     caplog.set_level(logging.INFO, logger=serve.__name__)
-    code = await serve._serve(_settings(fail_fast=True), Definitions(()), WebConfig(), None)
+    code = await _serve(_settings(fail_fast=True), Definitions(()), WebConfig(), None)
     assert code == 2
     (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert error.getMessage().startswith("target unreachable and --fail-fast is set")
@@ -184,7 +193,7 @@ async def test_fail_fast_in_a_fleet_contacts_every_target(caplog: pytest.LogCapt
     )
     declared = Declared("/etc/pg_exporter/targets.yml", targets)
     settings = _settings(fail_fast=True)
-    assert await serve._serve(settings, Definitions(()), WebConfig(), declared) == 2
+    assert await _serve(settings, Definitions(()), WebConfig(), declared) == 2
     urls = {r.__dict__["url"] for r in caplog.records if r.levelno == logging.ERROR}
     assert urls == {
         "postgresql://monitor:xxxxx@127.0.0.1:1/one?sslmode=disable",
@@ -201,7 +210,7 @@ async def test_a_port_taken_exits_1(caplog: pytest.LogCaptureFixture) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         settings = _settings(listen_addresses=(ListenAddress("127.0.0.1", port),))
-        assert await serve._serve(settings, Definitions(()), WebConfig(), None) == 1
+        assert await _serve(settings, Definitions(()), WebConfig(), None) == 1
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("target unreachable at start, will retry") for m in messages)
     assert any(m.startswith("cannot listen: ") for m in messages)
@@ -214,7 +223,7 @@ async def test_systemd_socket_without_sockets_exits_1(
     monkeypatch.delenv("LISTEN_FDS", raising=False)
     monkeypatch.delenv("LISTEN_PID", raising=False)
     settings = _settings(systemd_socket=True)
-    assert await serve._serve(settings, Definitions(()), WebConfig(), None) == 1
+    assert await _serve(settings, Definitions(()), WebConfig(), None) == 1
     assert any("systemd passed no socket ($LISTEN_FDS)" in r.getMessage() for r in caplog.records)
 
 
