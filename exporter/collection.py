@@ -25,14 +25,13 @@ from exporter.breaker import (
     judge,
 )
 from exporter.budget import Budget, Interruption, RequestEnded, until_request_ends
-from exporter.connections import ConnectionBudget
+from exporter.databases import Databases
 from exporter.definitions import Definitions
-from exporter.discovery import select_databases
 from exporter.exposition import Family
 from exporter.gate import Gate
 from exporter.planning import explain_text
-from exporter.seriesbudget import Part, SeriesBudget
-from exporter.server import Server, ServerOptions, ServerResult
+from exporter.seriescap import Part, SeriesCap
+from exporter.server import Server, ServerResult
 from exporter.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -78,20 +77,6 @@ class Snapshot:
     waited: float = 0.0  # seconds spent waiting for the collection lock
 
 
-def server_options(settings: Settings) -> ServerOptions:
-    """The per-database options derived from the settings."""
-    return ServerOptions(
-        url=settings.target.conninfo,
-        connect_timeout=settings.connect_timeout,
-        const_labels=settings.const_labels,
-        tags=settings.tags,
-        disable_cache=settings.disable_cache,
-        max_series=settings.max_series,
-        pgbouncer=settings.is_pgbouncer,
-        backoff_ceiling=settings.backoff_ceiling,
-    )
-
-
 class Exporter:
     """The main database plus the databases discovered from it."""
 
@@ -107,17 +92,12 @@ class Exporter:
     ) -> None:
         self.settings = settings
         self.gate = gate  # a fleet's ceiling on targets collected at once, shared
-        self.definitions = definitions
         self.clock = clock
-        self.random = random  # jitter of back-offs, predicates and cool-downs (D17)
-        self.options = server_options(settings)
-        # Every database's connection, the health probe's counted apart (issue 13).
-        self.connections = ConnectionBudget(settings.max_connections)
-        self.main = Server(None, self.options, definitions, is_main=True, clock=clock,
-                           random=random, budget=self.connections)  # fmt: skip
+        self.databases = Databases(settings, definitions, clock=clock, random=random)
+        self.connections = self.databases.connections  # shared by every database (issue 13)
+        self.main = self.databases.main
         self.breaker = Breaker(policy or BreakerPolicy(), random)  # the target's (D16)
-        self.series_budget = SeriesBudget(settings.max_total_series)  # exposition-wide
-        self.discovered: dict[str, Server] = {}
+        self.series_cap = SeriesCap(settings.max_total_series)  # exposition-wide
         self.lock = asyncio.Lock()
         self.stats = PassStats()
         self.pending: Definitions | None = None  # reloaded, waiting for the next pass
@@ -129,7 +109,17 @@ class Exporter:
     @property
     def servers(self) -> list[Server]:
         """The main database first, then discovered ones by name."""
-        return [self.main, *(self.discovered[name] for name in sorted(self.discovered))]
+        return self.databases.servers
+
+    @property
+    def discovered(self) -> dict[str, Server]:
+        """The databases auto-discovery found, by name."""
+        return self.databases.discovered
+
+    @property
+    def definitions(self) -> Definitions:
+        """The collector definitions in force (a reload waits in ``pending``)."""
+        return self.databases.definitions
 
     async def collect(self, budget: Budget) -> Snapshot:
         """Wait for the collection lock within the budget, then run one pass (B4–B8).
@@ -188,11 +178,8 @@ class Exporter:
     def _apply_pending(self) -> None:
         """Swap in reloaded definitions (under the lock): replan, forget caches and stats."""
         definitions, self.pending = self.pending, None
-        if definitions is None:
-            return
-        self.definitions = definitions
-        for server in self.servers:
-            server.use(definitions)
+        if definitions is not None:
+            self.databases.use(definitions)
 
     async def _pass(self, budget: Budget) -> Snapshot:
         self._apply_pending()
@@ -213,7 +200,7 @@ class Exporter:
         # there makes the target down, whatever they produced meanwhile.
         for other in others if self.main.up else ():
             failed |= self._merge(other.result(), snapshot, tally, parts)
-        snapshot.families = self.series_budget.apply(parts)  # whole collectors (issue 13)
+        snapshot.families = self.series_cap.apply(parts)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
         snapshot.interrupted = snapshot.interrupted or budget.interruption()
@@ -243,7 +230,7 @@ class Exporter:
             return []
         if self.recovery_seen is not None and self.main.facts is not None:
             self.recovery_seen(self.main.facts.in_recovery)  # read by this pass
-        await self._sync_discovered()
+        await self.databases.sync()
         # Other databases are cut in the main plan's run order (D16).
         reference = self.main.plan.planned if self.main.plan else None
         shedding = replace(shedding, reference=reference)
@@ -323,37 +310,6 @@ class Exporter:
             self.stats.errors += 1
         log.debug("collection round done", extra={"duration": round(self.stats.last_duration, 4)})
 
-    def wanted_databases(self) -> set[str]:
-        """Databases to discover from the main one, per include/exclude names and patterns."""
-        settings = self.settings
-        if not settings.auto_discovery or settings.is_pgbouncer or self.main.facts is None:
-            return set()
-        return select_databases(
-            self.main.databases,
-            settings.include_databases,
-            settings.exclude_databases,
-            self.main.facts.datname,
-        )
-
-    async def _sync_discovered(self) -> None:
-        wanted = self.wanted_databases()
-        for name in set(self.discovered) - wanted:
-            log.info("database vanished, dropping it", extra={"datname": name})
-            gone = self.discovered.pop(name)
-            await gone.disconnect()
-            self.connections.forget(gone.label)
-        for name in wanted - set(self.discovered):
-            log.info("database discovered", extra={"datname": name})
-            self.discovered[name] = Server(
-                name,
-                self.options,
-                self.definitions,
-                is_main=False,
-                clock=self.clock,
-                random=self.random,
-                budget=self.connections,
-            )
-
     async def close(self, grace: float = SHUTDOWN_GRACE) -> None:
         """Let a pass in flight end (within ``grace`` seconds), then close every connection.
 
@@ -396,7 +352,7 @@ class Exporter:
             self._apply_pending()
             try:
                 await self.main.prepare_within(budget)
-                await self._sync_discovered()
+                await self.databases.sync()
             except Exception as exc:  # any failure becomes text for the operator
                 return f"cannot reach the target database: {exc}\n"
             parts = [explain_text(self.main.plan)] if self.main.plan is not None else []

@@ -1,12 +1,12 @@
-"""The connection budget: at most ``--max-connections`` to the target at once (issue 13).
+"""The connection limit: at most ``--max-connections`` to the target at once (issue 13).
 
 Every database the exporter scrapes wants a connection of its own (PostgreSQL binds
 a connection to one database), and each new one costs the server a fork. The
-budget keeps the connections of all databases, plus the health probe's, under one
-limit: when one more is needed and none is free, the least recently used idle one
+limit holds the connections of all databases, plus the health probe's, to that
+number: when one more is needed and none is free, the least recently used idle one
 is closed first, or, when every one is busy (databases walked in parallel), the
 walk waits for one to finish. Choosing what to close is a plain function;
-:class:`ConnectionBudget` keeps the order and the counts, and awaits the closing.
+:class:`ConnectionLimit` keeps the order and the counts, and awaits the closing.
 """
 
 from __future__ import annotations
@@ -161,17 +161,17 @@ def lru_victims(held: Sequence[K], busy: Collection[K], capacity: int) -> list[K
     return [holder for holder in held if holder not in busy][:excess]
 
 
-class ConnectionBudget:
-    """The databases' share of the connection budget, in least-recently-used order.
+class ConnectionLimit:
+    """The databases' share of the connection limit, in least-recently-used order.
 
     Databases scraped in parallel each reserve a place before connecting; a place is
     free again only once the closed backend has ended, so the server never sees more
-    connections than the budget, however the walks interleave.
+    connections than the limit, however the walks interleave.
     """
 
     def __init__(self, limit: int | None, reserved: int = PROBE_CONNECTIONS) -> None:
         if limit is not None and limit - reserved < 1:
-            raise ValueError(f"a budget of {limit} leaves no connection for a database")
+            raise ValueError(f"a limit of {limit} leaves no connection for a database")
         self.limit = limit  # None: no limit (tests that build a Server alone)
         self.capacity = None if limit is None else limit - reserved
         self._held: OrderedDict[Holder, None] = OrderedDict()
@@ -186,8 +186,8 @@ class ConnectionBudget:
         self.logins = Logins()  # refused logins, shared with the target's health probe
 
     @classmethod
-    def unlimited(cls) -> ConnectionBudget:
-        """No limit: one connection per database, as before the budget existed (D5)."""
+    def unlimited(cls) -> ConnectionLimit:
+        """No limit: one connection per database, as before the limit existed (D5)."""
         return cls(None)
 
     @property

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from exporter.backoff import retry_in
 from exporter.budget import Budget
 from exporter.collection import Exporter
 from exporter.definitions import Definitions
@@ -68,10 +67,10 @@ def degradation_text(exporter: Exporter) -> str:
         if server.shed:
             lines.append(f"  shed on {server.label}: {', '.join(server.shed)}")
         waiting = [
-            f"{key} ({backoff.failures} failures in a row, next try in "
-            f"{retry_in(backoff, now):.0f}s)"
-            for key, backoff in sorted(server.backoffs.items())
-            if backoff.backing_off
+            f"{key} ({runtime.backoff.failures} failures in a row, next try in "
+            f"{runtime.retry_in(now):.0f}s)"
+            for key, runtime in sorted(server.runtimes.items())
+            if runtime.backoff is not None and runtime.backoff.backing_off
         ]
         if waiting:
             lines.append(f"  backing off on {server.label}: {', '.join(waiting)}")

@@ -79,7 +79,7 @@ class SelfMetrics:
             *self.per_query(rows),
             *self.degradation(exporter),
             *self.connections(exporter),
-            *self.series_budget(exporter),
+            *self.series_cap(exporter),
             *self.requests(admission),
             self.outcomes(rows),
         ]
@@ -257,43 +257,43 @@ class SelfMetrics:
         ]  # fmt: skip
 
     def connections(self, exporter: Exporter) -> list[Family]:
-        """The connection budget and its churn (issue 13); the probe's is not counted."""
-        budget = exporter.connections
-        limit = float(budget.limit) if budget.limit is not None else 0.0
+        """The connection limit and its churn (issue 13); the probe's is not counted."""
+        connections = exporter.connections
+        limit = float(connections.limit) if connections.limit is not None else 0.0
         return [
             self._single("exporter_connections_max", "gauge",
                          "most connections to the target at once, the health probe's included",
                          limit),
             self._single("exporter_connections_open", "gauge",
                          "connections the scraped databases hold now (the probe's not counted)",
-                         float(budget.open)),
+                         float(connections.open)),
             self._single("exporter_connections_opened_total", "counter",
                          "connections opened to scraped databases since start",
-                         float(budget.opened)),
+                         float(connections.opened)),
             self._single("exporter_connections_evicted_total", "counter",
                          "connections closed to make room for another database's",
-                         float(budget.evictions)),
+                         float(connections.evictions)),
             self._single("exporter_connections_login_wait_seconds", "gauge",
                          "seconds until the next login, after the server refused the last",
-                         budget.logins.wait()),
+                         connections.logins.wait()),
             self._single("exporter_connections_logins_held_total", "counter",
                          "connections not attempted because the server refused the last login",
-                         float(budget.logins.held)),
+                         float(connections.logins.held)),
         ]  # fmt: skip
 
-    def series_budget(self, exporter: Exporter) -> list[Family]:
-        """The exposition-wide series budget and the collectors it left out (issue 13)."""
-        budget = exporter.series_budget
+    def series_cap(self, exporter: Exporter) -> list[Family]:
+        """The exposition-wide series cap and the collectors it left out (issue 13)."""
+        cap = exporter.series_cap
         left_out: Samples = [
-            ((("query", name),), float(n)) for name, n in sorted(budget.left_out.items())
+            ((("query", name),), float(n)) for name, n in sorted(cap.left_out.items())
         ]
         return [
             self._single("exporter_series_limit", "gauge",
                          "--max-total-series: most series one scrape publishes; 0 for no limit",
-                         float(budget.limit)),
+                         float(cap.limit)),
             self._single("exporter_series_published", "gauge",
                          "series the collectors published at the last pass, over every database",
-                         float(budget.series)),
+                         float(cap.series)),
             self._family("exporter_series_left_out", "gauge",
                          "series of each collector the series budget left out of the last pass",
                          left_out),

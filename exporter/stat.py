@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from exporter.backoff import CollectorState, retry_in
+from exporter.backoff import CollectorState
 from exporter.cache import Outcome, ttl_left
 from exporter.collection import Exporter
+from exporter.runtime import CollectorRuntime
 from exporter.server import Server
 
 
@@ -58,34 +59,31 @@ def collector_rows(servers: Iterable[Server], now: float) -> list[CollectorRow]:
                 rows.append(row)
             row.branches.append(collector.key)
             row.ttl = max(row.ttl, collector.ttl)
-            entry = server.entries.get(collector.key)
-            row.ttl_left = max(row.ttl_left, ttl_left(entry, collector.ttl, now))
-            _add_state(row, server, collector.key, now)
-            stats = server.stats.get(collector.key)
-            if stats is None:
-                continue
-            row.ran = True
-            row.total += stats.total
-            row.hits += stats.hits
-            row.errors += stats.errors
-            row.skips += stats.skips
-            row.series += stats.series
-            row.last_duration += stats.last_duration
-            for outcome, count in stats.outcomes.items():
-                row.outcomes[outcome] = row.outcomes.get(outcome, 0) + count
+            runtime = server.runtimes.get(collector.key)
+            if runtime is not None:
+                _add(row, runtime, now)
     return rows
 
 
-def _add_state(row: CollectorRow, server: Server, key: str, now: float) -> None:
-    """Fold one branch's back-off (D15) and shedding (D16) into its row."""
-    backoff = server.backoffs.get(key)
-    if backoff is not None:
-        row.failures = max(row.failures, backoff.failures)
-        row.retry_in = max(row.retry_in, retry_in(backoff, now))
-        if backoff.backing_off:
-            row.state = _worse(row.state, CollectorState.BACKOFF)
-    if key in server.shed:
-        row.state = CollectorState.SHED
+def _add(row: CollectorRow, runtime: CollectorRuntime, now: float) -> None:
+    """Fold one branch's cache, back-off (D15), shedding (D16) and statistics into its row."""
+    row.ttl_left = max(row.ttl_left, ttl_left(runtime.entry, runtime.collector.ttl, now))
+    row.state = _worse(row.state, runtime.state)
+    if runtime.backoff is not None:
+        row.failures = max(row.failures, runtime.backoff.failures)
+        row.retry_in = max(row.retry_in, runtime.retry_in(now))
+    if not runtime.ran:
+        return
+    stats = runtime.stats
+    row.ran = True
+    row.total += stats.total
+    row.hits += stats.hits
+    row.errors += stats.errors
+    row.skips += stats.skips
+    row.series += stats.series
+    row.last_duration += stats.last_duration
+    for outcome, count in stats.outcomes.items():
+        row.outcomes[outcome] = row.outcomes.get(outcome, 0) + count
 
 
 _HEADER = (

@@ -57,8 +57,8 @@ def _sleeper(
 
 
 def _entry_outcome(served: Served, key: str) -> Outcome | None:
-    entry = served.app[STATE].exporter.main.entries.get(key)
-    return entry.outcome if entry else None
+    runtime = served.app[STATE].exporter.main.runtimes.get(key)
+    return runtime.outcome if runtime else None
 
 
 def _admitted(served: Served) -> int:
@@ -274,7 +274,9 @@ async def test_hang_up_cancels_unbounded_collector_in_postgres(
         assert f"forever_{m}" not in again.text
     assert statement_calls(pg, m) == 1
     server = served.app[STATE].exporter.main
-    await poll(lambda: server.clock() - server.entries["forever"].finished_at >= 2, "the TTL")
+    entry = server.runtimes["forever"].entry
+    assert entry is not None
+    await poll(lambda: server.clock() - entry.finished_at >= 2, "the TTL")
     retried = await get(served.port)
     assert retried.status == 200
     assert value(retried.text, f"forever_{m}") == 1

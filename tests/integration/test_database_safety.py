@@ -25,12 +25,13 @@ from tests.integration.rawhttp import Served, Start, get, poll_async
 def _outcome(served: Served, key: str, datname: str | None = None) -> Outcome | None:
     exporter = served.app[STATE].exporter
     server = exporter.main if datname is None else exporter.discovered[datname]
-    entry = server.entries.get(key)
-    return entry.outcome if entry else None
+    runtime = server.runtimes.get(key)
+    return runtime.outcome if runtime else None
 
 
 def _error(served: Served, key: str) -> str:
-    entry = served.app[STATE].exporter.main.entries[key]
+    entry = served.app[STATE].exporter.main.runtimes[key].entry
+    assert entry is not None
     return entry.error
 
 
@@ -148,7 +149,7 @@ async def test_locked_table_fails_fast_and_leaves_no_waiting_backend(
         assert _outcome(served, "blocked") is Outcome.TIMEOUT
         assert "lock" in _error(served, "blocked")
         assert value(response.text, "free_v") == 1
-        stats = served.app[STATE].exporter.main.stats["blocked"]
+        stats = served.app[STATE].exporter.main.runtimes["blocked"].stats
         assert stats.last_duration < 1.5  # lock_timeout = min(2 / 4, 1) s, not the 2 s timeout
         busy = "state <> 'idle' OR wait_event_type = 'Lock'"
         assert await asyncio.to_thread(exporter_backends, pg, busy) == 0
@@ -233,7 +234,7 @@ async def test_over_series_cap_fails_cleanly_and_stops_the_query(
     assert _outcome(served, "huge") is Outcome.TOO_MANY_SERIES
     assert "huge_v" not in response.text
     assert value(response.text, "small_v") == 1
-    stats = served.app[STATE].exporter.main.stats["huge"]
+    stats = served.app[STATE].exporter.main.runtimes["huge"].stats
     assert stats.last_duration < 3  # stopped early, not after producing 5 million rows
     assert value(response.text, "pg_exporter_query_outcome_total", query="huge",
                  outcome="too_many_series") == 1  # fmt: skip
@@ -286,7 +287,7 @@ async def test_password_never_shown(
     served = await start(pg18, text, url=url)
     bodies = [(await get(served.port, path)).text for path in ("/metrics", "/explain", "/stat")]
     assert value(bodies[0], "ok_v") == 1
-    errors = [e.error for e in served.app[STATE].exporter.main.entries.values()]
+    errors = [r.entry.error for r in served.app[STATE].exporter.main.runtimes.values() if r.entry]
     everything = "\n".join([*bodies, *errors, caplog.text])
     assert secret not in everything
 

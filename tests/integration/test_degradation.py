@@ -123,7 +123,7 @@ async def test_a_collector_that_always_times_out_backs_off(
         for _ in range(180):
             await backing.collect(Budget.starting_now(30.0, clock=clock))
             await _pass(baseline, clock)
-            if (state := backing.main.backoffs.get("stuck")) is not None:
+            if (state := backing.main.runtimes["stuck"].backoff) is not None:
                 waits[state.failures] = state.wait
             assert backing.main.up
             assert baseline.main.up
@@ -149,10 +149,10 @@ async def test_a_collector_that_always_times_out_backs_off(
 
         pg18.psql(f"UPDATE {table} SET d = 0")  # healthy from now on
         healed_at = clock.now
-        while backing.main.entries["healing"].outcome is not Outcome.OK:
+        while backing.main.runtimes["healing"].outcome is not Outcome.OK:
             await _pass(backing, clock)
             assert clock.now - healed_at <= 31.0, "not tried within its ceiling"
-        assert "healing" not in backing.main.backoffs
+        assert backing.main.runtimes["healing"].backoff is None
         assert any("recovered" in r.getMessage() for r in caplog.records)
         before = statement_calls(pg18, healing)
         for _ in range(5):
@@ -187,9 +187,9 @@ async def test_an_interrupted_round_is_not_a_failure(pg: LocalCluster, tmp_path:
             budget.ended.set()  # the client hung up
             snapshot = await task
             assert snapshot.interrupted is Interruption.CLIENT
-            assert exporter.main.entries["forever"].outcome is Outcome.CANCELLED
+            assert exporter.main.runtimes["forever"].outcome is Outcome.CANCELLED
             assert statement_calls(pg, m) == attempt
-            assert exporter.main.backoffs == {}
+            assert all(r.backoff is None for r in exporter.main.runtimes.values())
             clock.advance(1.0)  # the TTL, and not a second more
         assert exporter.breaker.state is BreakerState.NORMAL
     finally:
@@ -206,11 +206,11 @@ class Timeline:
     up: list[bool] = field(default_factory=list)
 
     async def step(self, exporter: Exporter, clock: FakeClock) -> None:
-        before = {key: _runs(stats.outcomes) for key, stats in exporter.main.stats.items()}
+        before = {key: _runs(r.stats.outcomes) for key, r in exporter.main.runtimes.items()}
         await _pass(exporter, clock)
         self.states.append((exporter.breaker.state, exporter.breaker.level))
         self.shed.append(exporter.main.shed)
-        now = {key: _runs(stats.outcomes) for key, stats in exporter.main.stats.items()}
+        now = {key: _runs(r.stats.outcomes) for key, r in exporter.main.runtimes.items()}
         self.ran.append({key for key, runs in now.items() if runs > before.get(key, 0)})
         self.up.append(exporter.main.up)
 
@@ -222,6 +222,11 @@ def _runs(outcomes: dict[Outcome, int]) -> int:
     """Executions among the outcomes: everything but cache hits and held-back passes."""
     held = (Outcome.CACHED, Outcome.SHED, Outcome.BACKOFF)
     return sum(count for outcome, count in outcomes.items() if outcome not in held)
+
+
+def _failing(exporter: Exporter) -> bool:
+    """True while a collector of the main database has failures in a row (D15)."""
+    return any(r.backoff is not None for r in exporter.main.runtimes.values())
 
 
 LOADS = 6
@@ -273,7 +278,7 @@ async def test_a_locked_server_sheds_the_least_important_and_recovers_without_fl
             await timeline.step(exporter, clock)
         loads_run = sql_sent(pg18, f"{m}_load") - loads_before
         assert sql_sent(pg18, f"core_{m}") - core_before == 120  # the core kept running
-        loads = [exporter.main.stats[f"load{k}"].outcomes for k in range(LOADS)]
+        loads = [exporter.main.runtimes[f"load{k}"].stats.outcomes for k in range(LOADS)]
         shed = sum(o.get(Outcome.SHED, 0) for o in loads)
         held = sum(o.get(Outcome.BACKOFF, 0) for o in loads)
         print(f"\nlocked for 120 passes: {loads_run} of {LOADS * 120} low-importance runs sent, "
@@ -302,7 +307,7 @@ async def test_a_locked_server_sheds_the_least_important_and_recovers_without_fl
         released = len(timeline.states)
         for _ in range(600):
             await timeline.step(exporter, clock)
-            if timeline.states[-1][0] is BreakerState.NORMAL and not exporter.main.backoffs:
+            if timeline.states[-1][0] is BreakerState.NORMAL and not _failing(exporter):
                 break
         after = timeline.states[released:]
         assert after[-1] == (BreakerState.NORMAL, 0), after[-1]
@@ -311,7 +316,7 @@ async def test_a_locked_server_sheds_the_least_important_and_recovers_without_fl
         print(f"back to normal {len(after)} passes after the lock went")
         for _ in range(2):
             await timeline.step(exporter, clock)
-        assert all(exporter.main.entries[f"load{k}"].outcome is Outcome.OK for k in range(LOADS))
+        assert all(exporter.main.runtimes[f"load{k}"].outcome is Outcome.OK for k in range(LOADS))
         logged = [r for r in caplog.records if "target breaker" in r.getMessage()]
         # Once per change (a pass may start probing and fail the probe: two changes).
         assert timeline.changes() <= len(logged) <= 2 * timeline.changes()

@@ -28,7 +28,7 @@ async def test_close_waits_for_a_bounded_pass_then_closes(pg18: LocalCluster, st
     await poll(exporter.lock.locked, "the pass to start")
     await exporter.close(grace=10)
     client.hang_up()
-    assert exporter.main.entries["slow"].outcome is Outcome.OK
+    assert exporter.main.runtimes["slow"].outcome is Outcome.OK
     assert exporter.main.conn is None
     await poll_async(lambda: exporter_backends(pg18, "state = 'active'") == 0, "no busy backend")
 

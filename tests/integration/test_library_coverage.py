@@ -158,7 +158,8 @@ def _failures(client: Client) -> list[str]:
     for server in client.app[STATE].exporter.servers:
         assert server.plan is not None, f"database {server.label} was never planned"
         for collector in server.plan.planned:
-            entry = server.entries.get(collector.key)
+            runtime = server.runtimes.get(collector.key)
+            entry = runtime.entry if runtime else None
             if entry is None or entry.outcome not in (Outcome.OK, Outcome.SKIPPED):
                 failures.append(f"{server.label}/{collector.key}: {entry and entry.error}")
     return failures

@@ -275,7 +275,7 @@ async def test_the_series_budget_leaves_out_whole_collectors_and_says_so(
         max_total_series=1000,
     )
     client: Client = await aiohttp_client(create_app(settings, write_collectors(tmp_path, SERIES)))
-    with caplog.at_level(logging.INFO, logger="exporter.seriesbudget"):
+    with caplog.at_level(logging.INFO, logger="exporter.seriescap"):
         for _ in range(2):
             body = await (await client.get("/metrics")).text()
     found = samples(body)
@@ -310,8 +310,8 @@ def _sleepy(marker: str, seconds: str, *, timeout: float) -> str:
 def _cached_ok(served: Served) -> int:
     """Databases whose ``sleepy`` result is cached and good."""
     exporter = served.app[STATE].exporter
-    entries = [server.entries.get("sleepy") for server in exporter.servers]
-    return sum(1 for e in entries if e is not None and e.outcome is Outcome.OK)
+    runtimes = [server.runtimes.get("sleepy") for server in exporter.servers]
+    return sum(1 for r in runtimes if r is not None and r.outcome is Outcome.OK)
 
 
 async def _parallel(start: Start, cluster: LocalCluster, text: str, names: list[str]) -> Served:
@@ -436,5 +436,5 @@ async def test_unbounded_collector_in_a_discovered_database_is_cancelled_in_post
         "the server to log the cancellation (57014)",
         within=10,
     )
-    entry = served.app[STATE].exporter.discovered[target].entries["sleepy"]
-    assert entry.outcome is Outcome.CANCELLED
+    runtime = served.app[STATE].exporter.discovered[target].runtimes["sleepy"]
+    assert runtime.outcome is Outcome.CANCELLED

@@ -32,7 +32,7 @@ async def test_default_pgbouncer_collectors_run_clean(
     assert main.plan is not None
     planned = {c.name for c in main.plan.planned}
     assert planned == {"pgbouncer_list", "pgbouncer_database", "pgbouncer_stat", "pgbouncer_pool"}
-    failures = [key for key, e in main.entries.items() if e.outcome is not Outcome.OK]
+    failures = [key for key, r in main.runtimes.items() if r.outcome is not Outcome.OK]
     assert failures == []
     assert value(body, "pgbouncer_up") == 1
     assert value(body, "pgbouncer_version") >= 11800

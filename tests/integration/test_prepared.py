@@ -44,8 +44,8 @@ async def _pass(cluster: LocalCluster, served: Served) -> list[str]:
     return [m.group(2) for m in found if m and int(m.group(1)) == conn.info.backend_pid]
 
 
-def _outcome(served: Served, key: str) -> Outcome:
-    return _main(served).entries[key].outcome
+def _outcome(served: Served, key: str) -> Outcome | None:
+    return _main(served).runtimes[key].outcome
 
 
 async def test_a_query_runs_as_text_then_is_prepared_then_executed(
@@ -58,7 +58,7 @@ async def test_a_query_runs_as_text_then_is_prepared_then_executed(
     first = await _pass(pg, served)
     assert [s for s in first if "pp_one" in s] == ["SELECT 1 AS v /* pp_one */"], first
     second = await _pass(pg, served)
-    prepared = _main(served).prepared
+    prepared = _main(served).session.prepared
     assert prepared is not None
     (name,) = prepared.names
     assert f"PREPARE {name} AS SELECT 1 AS v /* pp_one */" in second, second
@@ -89,7 +89,7 @@ async def test_prepared_queries_keep_the_limits_of_d1_to_d3(
     served = await start(pg, config, disable_cache=True)
     for _ in range(2):
         await _pass(pg, served)
-    prepared = _main(served).prepared
+    prepared = _main(served).session.prepared
     assert prepared is not None
     assert len(prepared.names) == 3
     pg.psql(f"INSERT INTO {control} VALUES (1)")
@@ -100,7 +100,8 @@ async def test_prepared_queries_keep_the_limits_of_d1_to_d3(
     # All three ran prepared (none fell back to text), and failed as they must.
     assert len(prepared.names) == 3
     assert not any(s.startswith(("SELECT CASE", "SELECT count")) for s in statements), statements
-    entry = _main(served).entries["pp_write"]
+    entry = _main(served).runtimes["pp_write"].entry
+    assert entry is not None
     assert entry.outcome is Outcome.ERROR
     assert "read-only transaction" in entry.error
     assert _outcome(served, "pp_sleep") is Outcome.TIMEOUT
@@ -109,7 +110,9 @@ async def test_prepared_queries_keep_the_limits_of_d1_to_d3(
     cancelled = [q for e, q in pairs if "statement timeout" in e and q.split(":  ")[-1] in sleeping]
     assert cancelled, "the server did not cancel the prepared query"
     assert _outcome(served, "pp_lock") is Outcome.TIMEOUT
-    assert "lock" in _main(served).entries["pp_lock"].error
+    locked = _main(served).runtimes["pp_lock"].entry
+    assert locked is not None
+    assert "lock" in locked.error
     assert pg.psql(f"SELECT last_value FROM {sequence}") == "1"  # never advanced
     activity = pg.psql(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter'"
@@ -126,7 +129,7 @@ async def test_a_view_that_changes_its_columns_runs_as_text(pg: LocalCluster, st
     served = await start(pg, _collector("pp_view", f"SELECT * FROM {view}"), disable_cache=True)
     for _ in range(2):
         await _pass(pg, served)
-    prepared = _main(served).prepared
+    prepared = _main(served).session.prepared
     assert prepared is not None
     (name,) = prepared.names
     pg.psql(f"CREATE OR REPLACE VIEW {view} AS SELECT 2 AS v, 'x'::text AS extra")

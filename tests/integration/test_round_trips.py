@@ -72,7 +72,7 @@ async def test_each_collector_costs_one_round_trip_in_steady_state(
     keys = ("rt_alpha", "rt_beta", "rt_gamma")
     served = await start(pg, "".join(_marked(k) for k in keys), disable_cache=True)
     statements = await _steady_pass(pg, served)
-    prepared = served.app[STATE].exporter.main.prepared
+    prepared = served.app[STATE].exporter.main.session.prepared
     assert prepared is not None
     assert len(prepared.names) == len(keys)
     # Each collector is one EXECUTE of its prepared query (issue 22).
@@ -125,7 +125,8 @@ rt_write:
 """
     served = await start(pg, config, disable_cache=True)
     assert (await get(served.port)).status == 200
-    entry = served.app[STATE].exporter.main.entries["rt_write"]
+    entry = served.app[STATE].exporter.main.runtimes["rt_write"].entry
+    assert entry is not None
     assert entry.outcome is Outcome.ERROR
     assert "read-only transaction" in entry.error
     assert pg.psql(f"SELECT count(*) FROM {table}") == "0"

@@ -124,8 +124,8 @@ rs_b_sleepy:
         response = await asyncio.wait_for(get(served.port), 4)  # far below the 5 s sleep
         assert response.status == 200
         main = served.app[STATE].exporter.main
-        assert main.entries["rs_a_unset"].outcome is Outcome.OK
-        assert main.entries["rs_b_sleepy"].outcome is Outcome.TIMEOUT
+        assert main.runtimes["rs_a_unset"].outcome is Outcome.OK
+        assert main.runtimes["rs_b_sleepy"].outcome is Outcome.TIMEOUT
     assert main.facts is not None
     assert main.facts.own_transaction == ""  # session limits
     pairs = itertools.pairwise(pg.log_text().splitlines())

@@ -368,7 +368,8 @@ async def test_lock_blocked_collector(cluster: LocalCluster, tmp: Path) -> None:
             with HealthTimer(port) as health:
                 await holder.execute("LOCK TABLE rel_locked IN ACCESS EXCLUSIVE MODE")
                 server = app[STATE].exporter.main
-                entry = server.entries["rel_blocked"]
+                entry = server.runtimes["rel_blocked"].entry
+                assert entry is not None
                 await wait_async(lambda: server.clock() - entry.finished_at >= 1, "the 1 s TTL")
                 started = time.monotonic()
                 status, body = await scrape(port)

@@ -1,4 +1,4 @@
-"""The exposition-wide series budget: whole collectors left out, least important first.
+"""The exposition-wide series cap: whole collectors left out, least important first.
 
 ``--max-series`` bounds one collector run (D9); ``--max-total-series`` bounds what
 one pass publishes over every database (issue 13), so that many databases times
@@ -35,7 +35,7 @@ class Part:
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
-    """A pass's families within the budget, and what was left out to get there."""
+    """A pass's families within the cap, and what was left out to get there."""
 
     families: list[Family]
     series: int  # published by collectors
@@ -65,8 +65,8 @@ def fit(parts: Sequence[Part], limit: int) -> Fitted:
     return Fitted(families, total, left_out)
 
 
-class SeriesBudget:
-    """The budget and what the last pass left out; says so in the log once per change."""
+class SeriesCap:
+    """The cap and what the last pass left out; says so in the log once per change."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit  # 0: no limit

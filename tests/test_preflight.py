@@ -1,10 +1,10 @@
-"""The pure parts of the PostgreSQL layer: when session limits are safe (issue 22)."""
+"""The preflight's pure parts: when session limits are safe (issue 22)."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.postgres import Endpoint, socket_directories, why_not_direct
+from exporter.preflight import Endpoint, socket_directories, why_not_direct
 
 TCP = Endpoint("10.0.0.5", 5432)
 SOCKET = Endpoint("", 5432, "/var/run/postgresql")

@@ -1,4 +1,4 @@
-"""The exposition-wide series budget: whole collectors out, least important first (issue 13)."""
+"""The exposition-wide series cap: whole collectors out, least important first (issue 13)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from exporter.definitions import Collector
 from exporter.exposition import Family, make_family
-from exporter.seriesbudget import Part, SeriesBudget, fit
+from exporter.seriescap import Part, SeriesCap, fit
 
 
 def _collector(key: str, priority: int) -> Collector:
@@ -32,7 +32,7 @@ def _parts() -> list[Part]:
 
 
 def test_under_the_limit_everything_is_published() -> None:
-    """92 series fit a budget of 92: nothing is left out."""
+    """92 series fit a cap of 92: nothing is left out."""
     fitted = fit(_parts(), 92)
     assert (fitted.series, fitted.left_out, len(fitted.families)) == (92, {}, 6)
 
@@ -46,24 +46,24 @@ def test_the_least_important_collector_goes_first_on_every_database() -> None:
 
 
 def test_as_many_collectors_as_needed_are_left_out() -> None:
-    """A budget of 5 leaves only the most important collector."""
+    """A cap of 5 leaves only the most important collector."""
     assert fit(_parts(), 5).left_out == {"t": 80, "activity": 10}
     assert fit(_parts(), 5).series == 2
 
 
 def test_zero_means_no_limit() -> None:
-    """--max-total-series 0 turns the budget off."""
+    """--max-total-series 0 turns the cap off."""
     assert fit(_parts(), 0).left_out == {}
 
 
 def test_a_change_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     """WARNING when collectors are first left out, nothing while it stays so, INFO after."""
-    budget = SeriesBudget(50)
-    with caplog.at_level(logging.INFO, logger="exporter.seriesbudget"):
-        budget.apply(_parts())
-        budget.apply(_parts())
-        budget.limit = 0
-        budget.apply(_parts())
+    cap = SeriesCap(50)
+    with caplog.at_level(logging.INFO, logger="exporter.seriescap"):
+        cap.apply(_parts())
+        cap.apply(_parts())
+        cap.limit = 0
+        cap.apply(_parts())
     messages = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert len(messages) == 2
     assert messages[0][0] == logging.WARNING

@@ -1,0 +1,193 @@
+"""A collector's SQL on one database's connection: its limits, its predicates, its
+prepared statement, its rows streamed into samples (B13, D1, D9, issue 22).
+
+:class:`Session` remembers what the exporter set up on the connection's session (the
+limits in force, the statements prepared) so that most collectors cost one round trip;
+``Server`` owns the connection and calls :meth:`Session.query` for each run.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
+
+import psycopg
+from psycopg import errors as pgerrors
+
+from exporter import postgres
+from exporter.definitions import Collector, Predicate
+from exporter.limits import Limits, session_read_only, session_sql
+from exporter.planning import ServerFacts
+from exporter.prepared import Prepared, deallocate_all, preparable, prepare
+from exporter.runtime import CollectorRuntime
+from exporter.samples import SampleBuilder
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.AsyncConnection[tuple[object, ...]]
+Cursor = psycopg.AsyncCursor[tuple[object, ...]]
+Batches = AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None]
+
+
+class _Skipped(enum.Enum):
+    SKIPPED = "skipped"
+
+
+SKIPPED = _Skipped.SKIPPED  # a predicate said no
+
+
+class Session:
+    """What the collectors set up on one database's connection, and the SQL they run."""
+
+    def __init__(
+        self,
+        *,
+        pgbouncer: bool,
+        const_labels: tuple[tuple[str, str], ...],
+        max_series: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.pgbouncer = pgbouncer  # the target is pgBouncer's admin console (D4)
+        self.const_labels = const_labels
+        self.max_series = max_series
+        self.clock = clock
+        # The collector limits in force on that connection's session (issue 22).
+        self.limits: tuple[Conn, Limits] | None = None
+        self.prepared: Prepared | None = None  # the collector queries it has prepared
+
+    def forget_limits(self) -> None:
+        """A collector's SQL may have changed a limit: send them all again next time."""
+        self.limits = None
+
+    def reloaded(self) -> None:
+        """The definitions changed: what was prepared is dropped on its next use."""
+        if self.prepared is not None:
+            self.prepared.obsolete = True
+
+    async def query(
+        self, conn: Conn, runtime: CollectorRuntime, facts: ServerFacts, datname: str
+    ) -> SampleBuilder | _Skipped | None:
+        """Predicates then the main query, read only under the collector's limits (B13, D1).
+
+        Rows are converted as they stream in, so a result over the series cap is
+        cancelled in the server instead of being read whole (D9). None: no rows.
+        """
+        collector = runtime.collector
+        async with conn.cursor() as cur:
+            session = False
+            if not self.pgbouncer:  # the console has no transactions or SET (D4)
+                session = await self._limit(conn, cur, collector, facts)
+            for predicate in collector.predicates:
+                if not await self._predicate(cur, runtime, predicate):
+                    return SKIPPED
+            if self.pgbouncer:
+                return await self._build(collector, postgres.console_batches(cur, collector.query))
+            query = collector.query
+            text = await self._statement(conn, cur, collector, datname) if session else query
+            try:
+                return await self._build(collector, postgres.stream_batches(cur, text))
+            except (pgerrors.InvalidSqlStatementName, pgerrors.FeatureNotSupported) as exc:
+                if text == collector.query or not self._forget_statement(text, exc):
+                    raise
+            # The prepared statement is gone or its plan no longer fits: run it as text.
+            return await self._build(collector, postgres.stream_batches(cur, collector.query))
+
+    async def _build(self, collector: Collector, rows: Batches) -> SampleBuilder | None:
+        """Samples from the batches of ``rows``, stopping at the series cap (D9)."""
+        builder: SampleBuilder | None = None
+        cap = collector.max_series or self.max_series
+        async with aclosing(rows) as batches:
+            async for names, batch in batches:
+                if builder is None:
+                    builder = SampleBuilder(collector, names, self.const_labels, cap)
+                builder.add_rows(batch)
+        return builder
+
+    async def _limit(
+        self, conn: Conn, cur: Cursor, collector: Collector, facts: ServerFacts
+    ) -> bool:
+        """Put the collector's limits in force (D1): as session settings, sent only where
+        they differ from the last collector's, so that most collectors cost one round trip
+        (issue 22); in a read-only transaction of the collector's own, as before, unless
+        the preflight proved the connection direct and the server reports its read-only
+        default (a pooler would hand our session settings to an application). True when
+        the limits are session settings."""
+        read_only = session_read_only(conn)
+        if read_only is None or facts.own_transaction:
+            await postgres.begin(cur, collector, facts.version)
+            return False
+        limits = Limits.of(collector.timeout, facts.version)
+        held = self.limits
+        # All again on a connection not yet set up, or whose read-only default a
+        # collector's SQL turned off (the server reports that change at once).
+        same = held is not None and held[0] is conn and read_only
+        sql = session_sql(limits, held[1] if held is not None and same else None)
+        if sql:
+            self.limits = None  # unknown until the server has applied the whole list
+            await postgres.set_session(cur, sql)
+        self.limits = (conn, limits)
+        return True
+
+    async def _statement(self, conn: Conn, cur: Cursor, collector: Collector, datname: str) -> str:
+        """What to send for the collector's query on a session-limits connection: ``EXECUTE``
+        of the query prepared on this connection from its second run on (issue 22), else
+        its text."""
+        form = preparable(collector.query, collector.key)
+        if form is None:
+            return collector.query
+        name, statement = form
+        held = self.prepared
+        if held is None or held.connection is not conn:
+            held = self.prepared = Prepared(conn)
+        if held.obsolete:  # a reload left statements nobody runs: drop them all, once
+            await deallocate_all(cur)
+            held = self.prepared = Prepared(conn)
+        if held.due(name):
+            if await prepare(cur, name, statement):
+                held.names.add(name)
+            else:
+                held.refused.add(name)
+                log.info(
+                    "collector query runs as text: PostgreSQL would not prepare it",
+                    extra={"collector": collector.key, "datname": datname},
+                )
+        return f"EXECUTE {name}" if name in held.names else collector.query
+
+    def _forget_statement(self, text: str, exc: psycopg.Error) -> bool:
+        """Forget a prepared statement that failed for being one; True when it did: gone
+        from the session (26000: a collector's own DEALLOCATE) or planned for a result
+        that no longer fits (0A000: a view or table changed its columns under it), which
+        then runs as text on this connection."""
+        held = self.prepared
+        if held is None:
+            return False
+        if isinstance(exc, pgerrors.InvalidSqlStatementName):
+            self.prepared = None  # start over: what else was prepared may be gone too
+        else:
+            held.refuse(text.removeprefix("EXECUTE "))
+        return True
+
+    async def _predicate(self, cur: Cursor, runtime: CollectorRuntime, p: Predicate) -> bool:
+        """The predicate's answer: cached for its TTL (D17), else asked now."""
+        cached = runtime.answer(p, self.clock())
+        if cached is not None:
+            return cached
+        value = await postgres.run_predicate(cur, p)
+        runtime.remember(p, value, self.clock())
+        return value
+
+
+def timeout_message(collector: Collector, exc: BaseException) -> str:
+    """What a collector that ran out of time (or waited too long for a lock) tells."""
+    limit = f"{collector.timeout:g}s" if collector.timeout is not None else "its server limit"
+    if isinstance(exc, pgerrors.LockNotAvailable):
+        return (
+            f"collector {collector.key} waited too long for a lock held by another session "
+            "(lock_timeout); it gave up rather than queue behind it"
+        )
+    where = "server-side limit" if isinstance(exc, pgerrors.QueryCanceled) else "deadline"
+    return f"collector {collector.key} exceeded its timeout of {limit} ({where}); " + (
+        "raise its timeout or make the query cheaper"
+    )
