@@ -43,21 +43,22 @@ class ReloadResult(NamedTuple):
     message: str
 
 
-def fingerprint(settings: Settings, tls_context: ssl.SSLContext | None) -> str:
-    """A digest of every file a reload would read: the config, the web config and the
-    certificate and key it names (when TLS is on)."""
-    digest = hashlib.sha256()
-    paths = _config_files(settings.config or "")
+def fingerprint(settings: Settings, tls_context: ssl.SSLContext | None) -> tuple[str, str]:
+    """Digests of the files a reload would read, apart: the collector config, and the web
+    config with the certificate and key it names (when TLS is on). Apart, so that a
+    renewed certificate does not cost the collectors their plans and caches."""
+    collectors = _digest_of(_config_files(settings.config or ""))
+    web = hashlib.sha256()
     web_config = settings.web_config_file
     if web_config:
-        paths.append(web_config)
+        paths = [web_config]
         if tls_context is not None:
             try:
                 paths.extend(_tls_files(web_config))
             except UsageError as exc:  # e.g. a renewed certificate before its key
-                digest.update(str(exc).encode())
-    _add_files(digest, paths)
-    return digest.hexdigest()
+                web.update(str(exc).encode())
+        _add_files(web, paths)
+    return collectors, web.hexdigest()
 
 
 def _config_files(path: str) -> list[str]:
@@ -114,15 +115,16 @@ class Reloader:
         self.reloads = 0  # reloads that parsed a changed config
         # The last failure and the files it came from: the same broken files are not
         # parsed again on every request of a flood.
-        self.failed: tuple[tuple[str, str], ReloadResult] | None = None
+        self.failed: tuple[tuple[str, str, str], ReloadResult] | None = None
 
-    def _fingerprints(self) -> tuple[str, str]:
-        """(collector config and web config, targets file with its secret files)."""
-        config = fingerprint(self.settings, self.tls_context)
+    def _fingerprints(self) -> tuple[str, str, str]:
+        """(collector config, web config with its TLS files, targets file with its
+        secret files)."""
+        collectors, web = fingerprint(self.settings, self.tls_context)
         if self.fleet is None:
-            return config, ""
+            return collectors, web, ""
         declared = self.fleet.declared
-        return config, _digest_of([declared.path, *declared.secret_files])
+        return collectors, web, _digest_of([declared.path, *declared.secret_files])
 
     def rebase(self) -> None:
         """Take the files as they are now as the running config's (after start-up)."""

@@ -8,8 +8,10 @@ import gc
 import logging
 import os
 import ssl
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -22,6 +24,7 @@ from exporter.fleet import Fleet
 from exporter.loading import load_for_settings
 from exporter.settings import Settings
 from exporter.web import reloading
+from exporter.web.config import load_web_config, ssl_context
 from exporter.web.reloading import Reloader, ReloadResult, fingerprint, settle_heap
 
 NOWHERE = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
@@ -88,7 +91,9 @@ def _reloader(exporter: Exporter) -> Reloader:
 # --- fingerprint ---------------------------------------------------------------------------
 
 
-def _print(path: Path | str, tls: ssl.SSLContext | None = None, web: str | None = None) -> str:
+def _print(
+    path: Path | str, tls: ssl.SSLContext | None = None, web: str | None = None
+) -> tuple[str, str]:
     return fingerprint(Settings(url=NOWHERE, config=str(path), web_config_file=web), tls)
 
 
@@ -129,7 +134,7 @@ def test_fingerprint_never_opens_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "config.fifo"
     os.mkfifo(fifo)
     done = threading.Event()
-    found: list[str] = []
+    found: list[tuple[str, str]] = []
 
     def work() -> None:
         found.append(_print(fifo))
@@ -154,17 +159,46 @@ def test_a_huge_file_is_fingerprinted_by_size_and_time(
     assert _print(config) != before
 
 
-def test_fingerprint_reads_the_certificate_only_with_tls_on(tmp_path: Path, config: Path) -> None:
-    """The web config always counts; the files it names only when TLS is on (a broken
-    one counts by its error, so the reload reports it)."""
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A fresh self-signed certificate and key at the same two paths each time."""
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=x"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def _tls_web_config(directory: Path) -> Path:
+    cert, key = _self_signed(directory)
+    web = directory / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    return web
+
+
+def test_the_web_config_counts_apart_from_the_collectors(tmp_path: Path, config: Path) -> None:
+    """A change of the web config changes its own fingerprint, not the collectors'."""
     web = tmp_path / "web.yml"
     web.write_text("basic_auth_users: {}\n")
-    plain = _print(config, None, str(web))
+    before = _print(config, None, str(web))
     web.write_text("{}\n")
-    assert _print(config, None, str(web)) != plain
-    with_tls = _print(config, ssl.create_default_context(), str(web))
-    web.write_text("tls_server_config: {cert_file: /nonexistent.pem}\n")
-    assert _print(config, ssl.create_default_context(), str(web)) != with_tls
+    after = _print(config, None, str(web))
+    assert after[0] == before[0]
+    assert after[1] != before[1]
+
+
+def test_the_certificate_counts_only_with_tls_on(tmp_path: Path, config: Path) -> None:
+    """A renewed certificate changes the web fingerprint when TLS is on, and nothing
+    when it is off (the listener has no certificate to renew)."""
+    web = _tls_web_config(tmp_path)
+    tls = ssl_context(load_web_config(str(web)).tls)  # type: ignore[arg-type]
+    off, on = _print(config, None, str(web)), _print(config, tls, str(web))
+    _self_signed(tmp_path)
+    assert _print(config, None, str(web)) == off
+    renewed = _print(config, tls, str(web))
+    assert renewed[0] == on[0]
+    assert renewed[1] != on[1]
 
 
 # --- one reload ----------------------------------------------------------------------------
@@ -248,6 +282,38 @@ async def test_removing_tls_from_the_web_config_needs_a_restart(
     result = await reloader.reload()
     assert not result.ok
     assert f"{web}: tls_server_config was removed; TLS changes need a restart" in result.message
+
+
+async def test_a_changed_web_config_alone_keeps_plans_and_caches(
+    exporter: Exporter, config: Path, tmp_path: Path, loads: CountedLoads
+) -> None:
+    """Only the web config changed (a renewed certificate, say): the collector config
+    is not parsed again, and the exporter keeps its plans and caches."""
+    web = tmp_path / "web.yml"
+    await _write(web, "{}\n")
+    settings = Settings(url=NOWHERE, config=str(config), web_config_file=str(web))
+    reloader = Reloader(settings, exporter=exporter)
+    await _write(web, "basic_auth_users: {}\n")
+    assert await reloader.reload() == ReloadResult(True, "the web config was read again")
+    assert loads.calls == 0
+    assert exporter.pending is None
+
+
+async def test_a_renewed_certificate_is_loaded_without_touching_the_collectors(
+    exporter: Exporter, config: Path, tmp_path: Path, loads: CountedLoads
+) -> None:
+    """With TLS on, a reload after the certificate was renewed loads it, and parses no
+    collector file: the exporter keeps its plans and caches."""
+    web = await asyncio.to_thread(_tls_web_config, tmp_path)
+    settings = Settings(url=NOWHERE, config=str(config), web_config_file=str(web))
+    reloader = Reloader(settings, exporter=exporter)
+    reloader.tls_context = ssl_context(load_web_config(str(web)).tls)  # type: ignore[arg-type]
+    reloader.rebase()
+    await asyncio.to_thread(_self_signed, tmp_path)
+    result = await reloader.reload()
+    assert result == ReloadResult(True, f"certificate {tmp_path / 'tls.crt'} reloaded")
+    assert loads.calls == 0
+    assert exporter.pending is None
 
 
 # --- a flood -------------------------------------------------------------------------------
@@ -368,6 +434,20 @@ async def test_fleet_reload_of_a_broken_targets_file_keeps_the_fleet(fleet: Flee
     assert not result.ok
     assert fleet.settings.targets_file in result.message
     assert fleet.members == before
+
+
+async def test_fleet_reload_of_the_web_config_alone_keeps_every_members_caches(
+    fleet: Fleet, tmp_path: Path, loads: CountedLoads
+) -> None:
+    """In a fleet too, a web config change reschedules no member's collectors."""
+    web = tmp_path / "web.yml"
+    await _write(web, "{}\n")
+    settings = replace(fleet.settings, web_config_file=str(web))
+    reloader = Reloader(settings, fleet=fleet)
+    await _write(web, "basic_auth_users: {}\n")
+    assert (await reloader.reload()).ok
+    assert loads.calls == 0
+    assert all(m.state.exporter.pending is None for m in fleet.members.values())
 
 
 def test_settle_heap_freezes_what_is_alive() -> None:
