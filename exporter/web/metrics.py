@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from exporter.admission import Admission
 from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, Interruption, budget_seconds
@@ -279,7 +279,10 @@ async def write(
                     response.headers["Content-Encoding"] = "gzip"
                 response.content_length = len(body)
                 await response.prepare(request)
-                await _send(response, body, min(WRITE_STALL_SECONDS, deadline))
+                # HEAD: GET's headers only; a body after them would be read as the next
+                # response on the connection (aiohttp sends what a StreamResponse writes).
+                if request.method != hdrs.METH_HEAD:
+                    await _send(response, body, min(WRITE_STALL_SECONDS, deadline))
                 await response.write_eof()
         except ConnectionError:  # the client left as the answer started: not a server error
             admission.note_interrupted(Interruption.CLIENT)

@@ -87,6 +87,24 @@ async def test_gzip_only_when_accepted(aiohttp_client: AiohttpClient) -> None:
     assert "\npg_up 0.0\n" in await plain.text()
 
 
+async def test_head_gets_the_headers_and_no_body(aiohttp_client: AiohttpClient) -> None:
+    """HEAD on the telemetry path answers GET's status and headers without the body (as
+    the Go exporter's server does), so the kept-alive connection stays in step: a body
+    sent after a HEAD answer would be read as the next answer's status line."""
+    client = await _client(aiohttp_client)
+    for encoding in ("gzip", "identity"):
+        head = await client.head("/metrics", headers={"Accept-Encoding": encoding})
+        assert head.status == 200
+        assert head.headers["Content-Type"] == TEXT_CONTENT_TYPE
+        assert int(head.headers["Content-Length"]) > 0
+        assert await head.read() == b""
+        after = await client.get("/metrics", headers={"Accept-Encoding": encoding})
+        assert after.status == 200
+        assert "\npg_up 0.0\n" in await after.text()
+    admission = client.app[STATE].admission
+    assert (admission.collecting, admission.writing) == (0, 0)
+
+
 async def test_a_full_admission_answers_503_at_once_without_a_pass(
     aiohttp_client: AiohttpClient,
 ) -> None:
