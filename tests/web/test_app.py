@@ -86,6 +86,19 @@ async def test_the_fleet_app_starts_and_closes_its_members(aiohttp_client: Aioht
     assert fleet.members == {}
 
 
+async def test_head_on_the_fleets_metrics_sends_no_body(aiohttp_client: AiohttpClient) -> None:
+    """The fleet's own metrics answer HEAD with headers only; the connection stays
+    usable for the next request."""
+    app = create_fleet_app(_settings(), Definitions(()), _declared("a"))
+    client: Client = await aiohttp_client(app)
+    head = await client.head("/metrics")
+    assert head.status == 200
+    assert await head.read() == b""
+    after = await client.get("/metrics")
+    assert after.status == 200
+    assert "pg_exporter_fleet_targets" in await after.text()
+
+
 async def test_a_client_that_hangs_up_cancels_its_handler() -> None:
     """The production runner cancels a handler whose client left (handler cancellation
     on, so a hung-up scrape stops waiting at once: B5)."""
