@@ -125,6 +125,7 @@ def test_output_loads_again_as_the_same_collector(tmp_path: Path) -> None:
         min_version=120000,
         max_version=190000,
         fatal=True,
+        skip=True,
         tags=("cluster", "primary"),
         max_series=50,
         backoff_ceiling=120.0,
@@ -132,6 +133,9 @@ def test_output_loads_again_as_the_same_collector(tmp_path: Path) -> None:
         columns=(
             Column("datname", Usage.LABEL, description="database"),
             Column("numbackends", Usage.GAUGE, rename="backends", scale=2.0, description="n"),
+            Column("xacts", Usage.COUNTER, default=0.0, description="x"),
+            Column("lat", Usage.HISTOGRAM, buckets=(0.5, 1.0, 5.0), description="latency"),
+            Column("junk", Usage.DISCARD),
         ),
     )
     path = tmp_path / "again.yml"
