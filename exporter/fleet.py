@@ -94,7 +94,7 @@ class Member:
                 )
             finally:
                 TARGET.reset(token)
-        if not self.probe.probed.is_set():
+        if self.probing and not self.probe.probed.is_set():  # a closed one never answers
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.probe.connect_timeout + FIRST_PROBE_MARGIN):
                     await self.probe.probed.wait()

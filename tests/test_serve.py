@@ -108,6 +108,8 @@ def test_signals_reload_and_stop_the_process(exporter_process: tuple[Running, Pa
     config (as /reload does); SIGINT ends the process with 0; no password is logged."""
     running, config = exporter_process
     port = int(running.wait_for(r"msg=listening address=127\.0\.0\.1:(\d+)")[1])
+    # Answered, so the signal handlers are in place: they are installed right after
+    # listening, before the event loop serves anything.
     status, body = _get(port, "/metrics")
     assert status == 200
     assert "\npg_up 0.0\n" in body
