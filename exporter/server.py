@@ -1,9 +1,10 @@
-"""One scraped database: its connection, plan, caches and statistics.
+"""One scraped database: its connection, its plan, and its collectors' runtimes.
 
 A ``Server`` owns at most one connection (D5), opened lazily and replaced after
-it is lost (D8), and closed when the target's connection budget needs room for
-another database (issue 13). Its collectors run one at a time in priority order, each under
-its own deadline; results are published whole or not at all.
+it is lost (D8), and closed when the target's connection limit needs room for
+another database (issue 13). Its collectors run one at a time in priority order,
+each under its own deadline (``session``); each one's cache, statistics and
+back-off live in its ``runtime``; results are published whole or not at all.
 """
 
 from __future__ import annotations
@@ -16,22 +17,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
-from psycopg import errors as pgerrors
 
 from exporter import postgres
 from exporter.backoff import DEFAULT_CEILING, Random
 from exporter.breaker import NO_SHEDDING, PassTally, Shedding, distress_of, is_shed
-from exporter.budget import Budget, Interruption, RequestEnded, deadline, until_request_ends
+from exporter.budget import Budget, Interruption, RequestEnded, until_request_ends
 from exporter.cache import Entry, Outcome
 from exporter.connections import ConnectionLimit
 from exporter.definitions import Collector, Definitions
-from exporter.errors import CollectorError, FatalCollectorFailed, TooManySeriesError
+from exporter.errors import FatalCollectorFailed
 from exporter.exposition import Family
 from exporter.planning import Plan, ServerFacts, make_plan
 from exporter.preflight import pgbouncer_preflight, preflight
 from exporter.runtime import CollectorRuntime, Rules
 from exporter.seriescap import Part
-from exporter.session import SKIPPED, Conn, Session, timeout_message
+from exporter.session import Conn, Session
 from exporter.target import database_of
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class Server:
     async def disconnect(self) -> None:
         """Close the connection; the next pass opens a new one."""
         conn, self.conn = self.conn, None
-        # Its place in the budget frees once the server has ended the backend.
+        # Its place under the connection limit frees once the server has ended the backend.
         await self.connections.close(self, postgres.close_and_wait(conn))
 
     async def scrape(
@@ -254,7 +254,7 @@ class Server:
     def _needs_connection(self, shedding: Shedding) -> bool:
         """False for a discovered database that was up and has nothing to run: every
         collector is fresh in its cache, backing off or shed, so it is not connected at
-        all and spends none of the connection budget (issue 13). The main database is
+        all and takes no place under the connection limit (issue 13). The main database is
         always asked: its preflight says whether the target is up and what it holds."""
         if self.is_main or self.plan is None or not self.up:
             return True
@@ -315,65 +315,13 @@ class Server:
         return entry
 
     async def refresh(self, runtime: CollectorRuntime, budget: Budget) -> Entry:
-        """Run one collector and build its families; never raises for collector failures."""
-        collector = runtime.collector
-        start = self.clock()
-        try:
-            families, series, outcome = await self._execute(runtime, budget)
-            error = ""
-        except RequestEnded as ended:
-            families, series, outcome = (), 0, Outcome.CANCELLED
-            error = f"unbounded collector {collector.key} cancelled: {ended}"
-        except (TimeoutError, pgerrors.QueryCanceled, pgerrors.LockNotAvailable) as exc:
-            families, series = (), 0
-            outcome, error = Outcome.TIMEOUT, timeout_message(collector, exc)
-        except TooManySeriesError as exc:
-            families, series, outcome, error = (), 0, Outcome.TOO_MANY_SERIES, str(exc)
-        except (psycopg.Error, CollectorError) as exc:
-            families, series, outcome = (), 0, Outcome.ERROR
-            error = f"collector {collector.key} on {self.label}: {exc}"
-        duration = self.clock() - start
-        where = {"collector": collector.key, "datname": self.label}
-        if outcome is Outcome.CANCELLED:
-            log.info(error, extra=where)
-        elif outcome.failed:
-            fields = {"outcome": outcome.value, "duration": round(duration, 4)}
-            log.warning("collector failed: %s", error, extra=where | fields)
-        return Entry(families, outcome, self.clock(), duration, series, error)
-
-    async def _execute(
-        self, runtime: CollectorRuntime, budget: Budget
-    ) -> tuple[tuple[Family, ...], int, Outcome]:
-        collector = runtime.collector
-        conn = self.conn
-        if conn is None:
-            raise psycopg.OperationalError(f"no connection to {self.label}")
-        assert self.facts is not None
-        facts, datname = self.facts, self.label
-        try:
-            if collector.bounded:
-                # Its own deadline only: it finishes even if its request ends (B11).
-                async with deadline(self.client_deadline(collector)):
-                    builder = await self.session.query(conn, runtime, facts, datname)
-            else:  # nothing else bounds it, so it ends with its request (B12)
-                query = self.session.query(conn, runtime, facts, datname)
-                builder = await until_request_ends(query, budget)
-        finally:
-            if self.plan is not None and collector.key in self.plan.unsettling:
-                self.session.forget_limits()  # its SQL may have changed a limit
-            if not await postgres.settle(conn):
-                await self.disconnect()
-        if builder is SKIPPED:
-            return (), 0, Outcome.SKIPPED
-        if builder is None:  # an empty result: nothing to publish
-            return (), 0, Outcome.OK
-        for warning in builder.warnings:
-            log.warning(warning, extra={"collector": collector.key, "datname": self.label})
-        return builder.finish(), builder.series, Outcome.OK
-
-    def client_deadline(self, collector: Collector) -> float | None:
-        """Seconds of the client-side deadline; the server-side limits mirror it (D1)."""
-        return collector.timeout
+        """Run one collector and build its families; never raises for collector failures.
+        A connection the run left unusable is closed (D7)."""
+        unsettling = self.plan is not None and runtime.collector.key in self.plan.unsettling
+        return await self.session.run(
+            self.conn, runtime, budget, facts=self.facts, datname=self.label,
+            unsettling=unsettling, disconnect=self.disconnect,
+        )  # fmt: skip
 
     def use(self, definitions: Definitions) -> None:
         """Take reloaded definitions: plan again on the next pass, with fresh caches and

@@ -1,23 +1,28 @@
-"""A collector's SQL on one database's connection: its limits, its predicates, its
-prepared statement, its rows streamed into samples (B13, D1, D9, issue 22).
+"""A collector's run on one database's connection: its deadline, its limits, its
+predicates, its prepared statement, its rows streamed into samples, and how it ended
+(B11–B13, D1, D9, D10, issue 22).
 
 :class:`Session` remembers what the exporter set up on the connection's session (the
 limits in force, the statements prepared) so that most collectors cost one round trip;
-``Server`` owns the connection and calls :meth:`Session.query` for each run.
+``Server`` owns the connection and calls :meth:`Session.run` for each collector.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 
 import psycopg
 from psycopg import errors as pgerrors
 
 from exporter import postgres
+from exporter.budget import Budget, RequestEnded, deadline, until_request_ends
+from exporter.cache import Entry, Outcome
 from exporter.definitions import Collector, Predicate
+from exporter.errors import CollectorError, TooManySeriesError
+from exporter.exposition import Family
 from exporter.limits import Limits, session_read_only, session_sql
 from exporter.planning import ServerFacts
 from exporter.prepared import Prepared, deallocate_all, preparable, prepare
@@ -58,13 +63,95 @@ class Session:
         self.prepared: Prepared | None = None  # the collector queries it has prepared
 
     def forget_limits(self) -> None:
-        """A collector's SQL may have changed a limit: send them all again next time."""
+        """Send every limit again before the next collector."""
         self.limits = None
 
     def reloaded(self) -> None:
         """The definitions changed: what was prepared is dropped on its next use."""
         if self.prepared is not None:
             self.prepared.obsolete = True
+
+    async def run(
+        self,
+        conn: Conn | None,
+        runtime: CollectorRuntime,
+        budget: Budget,
+        *,
+        facts: ServerFacts | None,
+        datname: str,
+        unsettling: bool,
+        disconnect: Callable[[], Awaitable[None]],
+    ) -> Entry:
+        """Run one collector and build its families; never raises for collector failures.
+        ``unsettling``: its SQL may change a limit; ``disconnect`` closes a connection the
+        run left unusable (D7)."""
+        collector = runtime.collector
+        start = self.clock()
+        try:
+            families, series, outcome = await self._execute(
+                conn, runtime, budget, facts, datname, unsettling=unsettling, disconnect=disconnect
+            )
+            error = ""
+        except RequestEnded as ended:
+            families, series, outcome = (), 0, Outcome.CANCELLED
+            error = f"unbounded collector {collector.key} cancelled: {ended}"
+        except (TimeoutError, pgerrors.QueryCanceled, pgerrors.LockNotAvailable) as exc:
+            families, series = (), 0
+            outcome, error = Outcome.TIMEOUT, timeout_message(collector, exc)
+        except TooManySeriesError as exc:
+            families, series, outcome, error = (), 0, Outcome.TOO_MANY_SERIES, str(exc)
+        except (psycopg.Error, CollectorError) as exc:
+            families, series, outcome = (), 0, Outcome.ERROR
+            error = f"collector {collector.key} on {datname}: {exc}"
+        duration = self.clock() - start
+        where = {"collector": collector.key, "datname": datname}
+        if outcome is Outcome.CANCELLED:
+            log.info(error, extra=where)
+        elif outcome.failed:
+            fields = {"outcome": outcome.value, "duration": round(duration, 4)}
+            log.warning("collector failed: %s", error, extra=where | fields)
+        return Entry(families, outcome, self.clock(), duration, series, error)
+
+    async def _execute(
+        self,
+        conn: Conn | None,
+        runtime: CollectorRuntime,
+        budget: Budget,
+        facts: ServerFacts | None,
+        datname: str,
+        *,
+        unsettling: bool,
+        disconnect: Callable[[], Awaitable[None]],
+    ) -> tuple[tuple[Family, ...], int, Outcome]:
+        collector = runtime.collector
+        if conn is None:
+            raise psycopg.OperationalError(f"no connection to {datname}")
+        assert facts is not None
+        try:
+            if collector.bounded:
+                # Its own deadline only: it finishes even if its request ends (B11).
+                async with deadline(self.client_deadline(collector)):
+                    builder = await self.query(conn, runtime, facts, datname)
+            else:  # nothing else bounds it, so it ends with its request (B12)
+                builder = await until_request_ends(
+                    self.query(conn, runtime, facts, datname), budget
+                )
+        finally:
+            if unsettling:
+                self.forget_limits()  # its SQL may have changed a limit: send them all again
+            if not await postgres.settle(conn):
+                await disconnect()
+        if builder is SKIPPED:
+            return (), 0, Outcome.SKIPPED
+        if builder is None:  # an empty result: nothing to publish
+            return (), 0, Outcome.OK
+        for warning in builder.warnings:
+            log.warning(warning, extra={"collector": collector.key, "datname": datname})
+        return builder.finish(), builder.series, Outcome.OK
+
+    def client_deadline(self, collector: Collector) -> float | None:
+        """Seconds of the client-side deadline; the server-side limits mirror it (D1)."""
+        return collector.timeout
 
     async def query(
         self, conn: Conn, runtime: CollectorRuntime, facts: ServerFacts, datname: str

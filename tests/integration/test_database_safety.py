@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from exporter.cache import Outcome
-from exporter.server import Server
+from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from tests.integration.helpers import exporter_backends, value
@@ -160,7 +160,7 @@ async def test_server_side_limit_stops_query_without_client_deadline(
 ) -> None:
     """With the client-side deadline disabled, statement_timeout still stops the query
     (D1), as the server log shows."""
-    monkeypatch.setattr(Server, "client_deadline", lambda self, c: None)
+    monkeypatch.setattr(Session, "client_deadline", lambda self, c: None)
     marker = f"srv_{uuid.uuid4().hex[:8]}"
     served = await start(pg, _one("sleepy", f"SELECT 1 AS v, '{marker}' FROM pg_sleep(5)",
                                   timeout=0.3))  # fmt: skip

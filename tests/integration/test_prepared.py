@@ -12,6 +12,7 @@ import pytest
 
 from exporter.cache import Outcome
 from exporter.server import Server
+from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.integration.rawhttp import Served, Start, get
@@ -73,7 +74,7 @@ async def test_prepared_queries_keep_the_limits_of_d1_to_d3(
     """Once prepared, a collector that writes is refused (D2), one that outlives its
     timeout is cancelled by the server, with no client deadline to help (D1), and one
     behind a lock gives up (D3)."""
-    monkeypatch.setattr(Server, "client_deadline", lambda self, c: None)
+    monkeypatch.setattr(Session, "client_deadline", lambda self, c: None)
     suffix = uuid.uuid4().hex[:8]
     control, table, sequence = f"pp_ctl_{suffix}", f"pp_tbl_{suffix}", f"pp_seq_{suffix}"
     pg.psql(f"CREATE TABLE {control} (armed int); CREATE TABLE {table} (x int);"

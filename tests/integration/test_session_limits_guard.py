@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from exporter.cache import Outcome
-from exporter.server import Server
+from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
@@ -103,7 +103,7 @@ async def test_collector_sql_that_changes_a_limit_does_not_lift_the_next_ones(
     """A collector turning the statement timeout off is followed by the limits in full: the
     next collector, of the same timeout, is still cancelled by the server (57014) when its
     client-side deadline is out of the way (D1)."""
-    monkeypatch.setattr(Server, "client_deadline", lambda self, c: None)
+    monkeypatch.setattr(Session, "client_deadline", lambda self, c: None)
     marker = f"unset_{uuid.uuid4().hex[:8]}"
     config = f"""
 rs_a_unset:
