@@ -8,10 +8,11 @@ the lock is released (B20), in the web layer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random as _random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from exporter.backoff import Random
@@ -29,7 +30,6 @@ from exporter.databases import Databases
 from exporter.definitions import Definitions
 from exporter.exposition import Family
 from exporter.gate import Gate
-from exporter.planning import explain_text
 from exporter.seriescap import Part, SeriesCap
 from exporter.server import Server, ServerResult
 from exporter.settings import Settings
@@ -340,33 +340,15 @@ class Exporter:
                 await server.disconnect()
         return bool(opened)
 
-    async def explain(self, budget: Budget) -> str:
-        """The plan of every database, refreshing facts first, within ``budget`` (``--explain``).
-
-        Like a scrape, it waits for a pass in flight only as long as its budget lasts
-        and preflights each database at most once, cancelled when the budget ends.
-        """
+    @contextlib.asynccontextmanager
+    async def exclusive(self, budget: Budget) -> AsyncIterator[bool]:
+        """The collection lock, if it comes free within ``budget`` (False when the time ran
+        out), with reloaded definitions applied: no pass runs until the block ends."""
         if not await _acquire_within(self.lock, budget.remaining()):
-            return "a collection pass is still running; try again\n"
+            yield False
+            return
         try:
             self._apply_pending()
-            try:
-                await self.main.prepare_within(budget)
-                await self.databases.sync()
-            except Exception as exc:  # any failure becomes text for the operator
-                return f"cannot reach the target database: {exc}\n"
-            parts = [explain_text(self.main.plan)] if self.main.plan is not None else []
-            for server in self.servers[1:]:
-                if budget.interruption():
-                    parts.append("(the request's budget ran out before the other databases)\n")
-                    break
-                try:
-                    await server.prepare_within(budget)
-                except Exception as exc:
-                    parts.append(f"database {server.label}: cannot plan: {exc}\n")
-                    continue
-                if server.plan is not None:
-                    parts.append(explain_text(server.plan))
-            return "\n".join(parts)
+            yield True
         finally:
             self.lock.release()

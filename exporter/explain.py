@@ -29,11 +29,40 @@ async def _explain(settings: Settings, definitions: Definitions) -> int:
             print(f"pg_exporter: cannot connect to {settings.masked_url}: {exc}", file=sys.stderr)
             return 1
         budget = Budget.starting_now(max(settings.connect_timeout * 10, 30))
-        text = await exporter.explain(budget)
+        text = await plan_all(exporter, budget)
     finally:
         await exporter.close()
     print(text, end="")
     return 0
+
+
+async def plan_all(exporter: Exporter, budget: Budget) -> str:
+    """The plan of every database, refreshing facts first, within ``budget`` (``--explain``).
+
+    Like a scrape, it waits for a pass in flight only as long as its budget lasts
+    and preflights each database at most once, cancelled when the budget ends.
+    """
+    async with exporter.exclusive(budget) as held:
+        if not held:
+            return "a collection pass is still running; try again\n"
+        try:
+            await exporter.main.prepare_within(budget)
+            await exporter.databases.sync()
+        except Exception as exc:  # any failure becomes text for the operator
+            return f"cannot reach the target database: {exc}\n"
+        parts = [explain_text(exporter.main.plan)] if exporter.main.plan is not None else []
+        for server in exporter.servers[1:]:
+            if budget.interruption():
+                parts.append("(the request's budget ran out before the other databases)\n")
+                break
+            try:
+                await server.prepare_within(budget)
+            except Exception as exc:
+                parts.append(f"database {server.label}: cannot plan: {exc}\n")
+                continue
+            if server.plan is not None:
+                parts.append(explain_text(server.plan))
+        return "\n".join(parts)
 
 
 def last_plans(exporter: Exporter) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from exporter import __version__
 from exporter.budget import Budget
+from exporter.explain import plan_all
 from exporter.flags import version_text
 from exporter.loading import load_definitions
 from exporter.web.state import STATE
@@ -146,12 +147,12 @@ async def test_explain_waits_for_a_pass_only_within_its_budget(
     await exporter.lock.acquire()  # a pass that outlives the budget
     try:
         started = time.monotonic()
-        busy = await exporter.explain(Budget.starting_now(0.3))
+        busy = await plan_all(exporter, Budget.starting_now(0.3))
         assert time.monotonic() - started < 0.3 + 2.0
         assert "still running" in busy
     finally:
         exporter.lock.release()
-    assert "first" in await exporter.explain(Budget.starting_now(10))
+    assert "first" in await plan_all(exporter, Budget.starting_now(10))
 
 
 def test_sighup_reloads_a_running_process(pg18: LocalCluster, tmp_path: Path) -> None:
