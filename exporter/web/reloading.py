@@ -26,7 +26,7 @@ from exporter.collection import Exporter
 from exporter.declared import load_targets
 from exporter.errors import ConfigError, UsageError
 from exporter.fleet import Fleet
-from exporter.loading import load_for_settings
+from exporter.loading import YAML_SUFFIXES, load_for_settings
 from exporter.settings import Settings
 from exporter.web.config import TlsConfig, load_certificates, load_web_config, ssl_context
 
@@ -62,11 +62,12 @@ def fingerprint(settings: Settings, tls_context: ssl.SSLContext | None) -> tuple
 
 
 def _config_files(path: str) -> list[str]:
-    """The config file, or every regular file of the config directory, in name order."""
+    """The config file, or the collector files of the config directory that the loader
+    reads (``*.yml``, ``*.yaml``), in name order."""
     if not os.path.isdir(path):
         return [path]
     try:
-        names = sorted(os.listdir(path))
+        names = sorted(n for n in os.listdir(path) if n.endswith(YAML_SUFFIXES))
     except OSError:
         return [path]
     return [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]

@@ -120,6 +120,20 @@ def test_fingerprint_of_a_directory_sees_files_come_and_go(tmp_path: Path) -> No
     assert _print(tmp_path) == before
 
 
+def test_files_the_loader_ignores_do_not_count(tmp_path: Path) -> None:
+    """In directory mode only the collector files the loader reads (``*.yml``,
+    ``*.yaml``) count: an editor's swap file or a README changing is no reason to parse
+    again and drop every plan and cache."""
+    (tmp_path / "a.yml").write_text(collectors(1))
+    before = _print(tmp_path)
+    (tmp_path / ".a.yml.swp").write_text("editing")
+    (tmp_path / "README").write_text("notes")
+    (tmp_path / "a.yml~").write_text(collectors(2))
+    assert _print(tmp_path) == before
+    (tmp_path / "b.yaml").write_text(collectors(1))
+    assert _print(tmp_path) != before
+
+
 def test_fingerprint_of_a_missing_file_changes_when_it_appears(tmp_path: Path) -> None:
     """A missing config has a stable fingerprint of its own, until it is created."""
     path = tmp_path / "later.yml"
