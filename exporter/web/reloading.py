@@ -133,11 +133,6 @@ class Reloader:
 
     async def reload(self) -> ReloadResult:
         """Reload, or share the reload queued behind the running one."""
-        # The password may be fixed: every target logs in at once again (issue 25).
-        if self.exporter is not None:
-            self.exporter.connections.logins.reset()
-        for member in self.fleet.members.values() if self.fleet is not None else ():
-            member.state.exporter.connections.logins.reset()
         if self.running is None:
             self.running = asyncio.create_task(self._run_then_release())
             return await asyncio.shield(self.running)
@@ -157,7 +152,17 @@ class Reloader:
             if self.queued is None:
                 self.running = None
 
+    def _forget_refused_logins(self) -> None:
+        """The password may be fixed: every target logs in at once again (issue 25).
+        Once a reload run, not once a request: a fleet's thousands of targets take
+        milliseconds of the event loop, which a flood of /reload would multiply."""
+        if self.exporter is not None:
+            self.exporter.connections.logins.reset()
+        for member in self.fleet.members.values() if self.fleet is not None else ():
+            member.state.exporter.connections.logins.reset()
+
     async def _reload_once(self) -> ReloadResult:
+        self._forget_refused_logins()
         settings = self.settings
         now = await asyncio.to_thread(self._fingerprints)
         if now == self.current:

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from exporter.collection import Exporter
+from exporter.connections import Logins
 from exporter.declared import Declared, load_targets
 from exporter.definitions import Definitions
 from exporter.fleet import Fleet
@@ -462,6 +463,48 @@ async def test_fleet_reload_of_the_web_config_alone_keeps_every_members_caches(
     assert (await reloader.reload()).ok
     assert loads.calls == 0
     assert all(m.state.exporter.pending is None for m in fleet.members.values())
+
+
+async def test_a_flood_forgets_refused_logins_once_a_reload_not_once_a_request(
+    fleet: Fleet, loads: CountedLoads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every reload lets each target log in at once again, but a flood of requests
+    does it once per reload run, not once per request: at 10 000 targets each pass
+    over them holds the event loop for milliseconds (issue 25 made /reload harmless)."""
+    resets = 0
+
+    def counted(self: object) -> None:
+        nonlocal resets
+        resets += 1
+
+    monkeypatch.setattr(Logins, "reset", counted)
+    reloader = Reloader(fleet.settings, fleet=fleet)
+    loads.gate = threading.Event()
+    assert fleet.settings.config is not None
+    await _write(Path(fleet.settings.config), collectors(2))
+    first = asyncio.create_task(reloader.reload())
+    await _until(loads.entered.is_set)
+    flood = [asyncio.create_task(reloader.reload()) for _ in range(50)]
+    await asyncio.sleep(0)
+    loads.gate.set()
+    await asyncio.gather(first, *flood)
+    assert resets == 2 * len(fleet.members)  # two reload runs, each member once
+
+
+async def test_a_fleet_reload_lets_every_member_log_in_again(fleet: Fleet) -> None:
+    """After a reload, no member waits for a refused login's back-off."""
+    member = fleet.member("t1")
+    assert member is not None
+    logins = member.state.exporter.connections.logins
+
+    async def refused() -> None:
+        raise psycopg.OperationalError('FATAL:  password authentication failed for user "m"')
+
+    with pytest.raises(psycopg.OperationalError):
+        await logins.connect(None, refused)
+    assert logins.wait() > 0
+    await Reloader(fleet.settings, fleet=fleet).reload()
+    assert logins.wait() == 0
 
 
 def test_settle_heap_freezes_what_is_alive() -> None:
