@@ -174,6 +174,8 @@ def _reload_soon(reloader: Reloader, tasks: set[asyncio.Task[ReloadResult]]) -> 
 
 #: Fleet mode: targets first contacted at once at start (each within its connect timeout).
 FIRST_CONTACTS_AT_ONCE = 8
+#: Seconds the first preflight may take at start beyond --connect-timeout.
+FIRST_CONTACT_GRACE = 5.0
 
 
 async def _first_contact(
@@ -186,14 +188,21 @@ async def _first_contact(
     async def contact(name: str | None, settings: Settings, exporter: Exporter) -> bool:
         TARGET.set(name)  # this task's log lines name the member
         async with gate:
+            within = settings.connect_timeout + FIRST_CONTACT_GRACE
             try:
-                await exporter.main.prepare()
+                # Connecting has its own bound; the preflight has none but this one, and a
+                # server that accepts and then never answers must not hold the start.
+                async with asyncio.timeout(within):
+                    await exporter.main.prepare()
             except Exception as exc:
+                reason = str(exc) or f"no answer within {within:g}s"
+                if isinstance(exc, TimeoutError):
+                    await exporter.main.disconnect()
                 if fail_fast:
-                    log.error("target unreachable and --fail-fast is set: %s", exc,
+                    log.error("target unreachable and --fail-fast is set: %s", reason,
                               extra={"url": settings.masked_url})  # fmt: skip
                     return False
-                log.warning("target unreachable at start, will retry on each scrape: %s", exc,
+                log.warning("target unreachable at start, will retry on each scrape: %s", reason,
                             extra={"url": settings.masked_url})  # fmt: skip
                 return True
             log.info("connected", extra={"url": settings.masked_url})

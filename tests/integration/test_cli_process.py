@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from exporter.cli import main
@@ -193,3 +194,36 @@ def test_a_bcrypt_cost_of_31_is_refused_at_start(tmp_path: Path) -> None:
     done = _start_and_exit(tmp_path, "-u", "postgresql:///x", "--web.config.file", str(web))
     assert done.returncode == 1
     assert "basic_auth_users.alice: the bcrypt cost is 31, above the 14" in done.stderr
+
+
+@pytest.mark.parametrize("fail_fast", [False, True])
+def test_a_preflight_that_never_answers_does_not_hold_the_start(
+    pg18: LocalCluster, fail_fast: bool
+) -> None:
+    """A server that accepts the connection but never answers the first preflight (here
+    it waits on a lock held by a migration) does not hold the start: the exporter serves
+    after --connect-timeout plus 5 s and retries on each scrape; with --fail-fast it
+    exits 2."""
+    port = free_port()
+    with psycopg.connect(pg18.dsn()) as migration:
+        migration.execute("LOCK TABLE pg_extension IN ACCESS EXCLUSIVE MODE")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "-u", pg18.dsn(), "-c", str(COLLECTORS),
+             "--web.listen-address", f"127.0.0.1:{port}", "--connect-timeout", "1000",
+             *(["--fail-fast"] if fail_fast else [])],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ},
+        )  # fmt: skip
+        code: int | None = None
+        try:
+            if fail_fast:
+                code = process.wait(timeout=30)
+            else:
+                wait_for(lambda: http_get(f"http://127.0.0.1:{port}/")[0] == 200,
+                         "the exporter to listen", timeout=30)  # fmt: skip
+        finally:
+            migration.rollback()
+            if not fail_fast:
+                code = terminate(process)
+    stderr = process.stderr.read().decode() if process.stderr else ""
+    assert code == (2 if fail_fast else 0), stderr
+    assert "no answer within 6s" in stderr, stderr
