@@ -1,8 +1,9 @@
-"""The collection pass: one walk over the main and discovered databases (B4).
+"""The exporter of one target: its databases, breaker and series cap, and the
+collection lock that lets one pass run at a time (B4).
 
-``Exporter.collect`` takes the collection lock, walks the databases under the
-request's budget, and returns a snapshot of families. Encoding happens after
-the lock is released (B20), in the web layer.
+``Exporter.collect`` takes the collection lock, runs a pass (``passes``) over the
+databases under the request's budget, and returns a snapshot of families. Encoding
+happens after the lock is released (B20), in the web layer.
 """
 
 from __future__ import annotations
@@ -13,25 +14,19 @@ import logging
 import random as _random
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
 
 from exporter.backoff import Random
 from exporter.breaker import (
     Breaker,
     BreakerPolicy,
-    BreakerState,
-    PassTally,
-    Shedding,
-    is_shed,
-    judge,
 )
 from exporter.budget import Budget, Interruption, RequestEnded, until_request_ends
 from exporter.databases import Databases
 from exporter.definitions import Definitions
-from exporter.exposition import Family
 from exporter.gate import Gate
-from exporter.seriescap import Part, SeriesCap
-from exporter.server import Server, ServerResult
+from exporter.passes import CollectionPass, PassStats, Snapshot
+from exporter.seriescap import SeriesCap
+from exporter.server import Server
 from exporter.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,27 +49,6 @@ def _report_orphan_failure(task: asyncio.Task[Snapshot]) -> None:
     """Log a pass that failed after its request had gone, so the error is not lost."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.error("collection pass failed: %s", exc, exc_info=exc)
-
-
-@dataclass(slots=True)
-class PassStats:
-    """Exporter-wide counters behind the compatible ``*_exporter_*`` self-metrics."""
-
-    started_at: float = field(default_factory=time.time)
-    scrapes: int = 0
-    errors: int = 0
-    last_scrape_time: float = 0.0
-    last_duration: float = 0.0
-
-
-@dataclass(slots=True)
-class Snapshot:
-    """The families of one pass, ready to encode outside the lock."""
-
-    families: list[Family]
-    interrupted: Interruption | None = None
-    shared: bool = False  # True when the request waited for another's pass
-    waited: float = 0.0  # seconds spent waiting for the collection lock
 
 
 class Exporter:
@@ -183,61 +157,10 @@ class Exporter:
 
     async def _pass(self, budget: Budget) -> Snapshot:
         self._apply_pending()
-        start = self.clock()
-        snapshot = Snapshot(families=[])
-        tally = PassTally()
-        shedding = self._shedding()
-        parts: list[Part] = []
-        slots = asyncio.Semaphore(self.width)  # databases walked at once, the main one too
-        ready = asyncio.Event()  # the main database's preflight is done
-        async with asyncio.TaskGroup() as group:
-            main = group.create_task(self._one(self.main, slots, budget, shedding, ready))
-            others = await self._discover_meanwhile(
-                group, main, ready, slots=slots, budget=budget, shedding=shedding
-            )
-        failed = self._merge(main.result(), snapshot, tally, parts)
-        # Other databases count only beside a main database that is up: a fatal collector
-        # there makes the target down, whatever they produced meanwhile.
-        for other in others if self.main.up else ():
-            failed |= self._merge(other.result(), snapshot, tally, parts)
-        snapshot.families = self.series_cap.apply(parts)  # whole collectors (issue 13)
-        # A pass that outlived its request (a bounded collector ran past the budget) has
-        # no one to answer: the request gets 503, the results stay cached (B21).
-        snapshot.interrupted = snapshot.interrupted or budget.interruption()
-        self._account(start, failed=failed, interrupted=snapshot.interrupted)
-        self._judge(tally, snapshot.interrupted)
-        return snapshot
-
-    async def _discover_meanwhile(
-        self,
-        group: asyncio.TaskGroup,
-        main: asyncio.Task[ServerResult],
-        ready: asyncio.Event,
-        *,
-        slots: asyncio.Semaphore,
-        budget: Budget,
-        shedding: Shedding,
-    ) -> list[asyncio.Task[ServerResult]]:
-        """Once the main database's preflight has named the databases, start walking the
-        others beside its collectors (issue 22), within the same ``slots``; none when the
-        main database could not be reached or the request ended first."""
-        waiting = asyncio.ensure_future(ready.wait())
-        try:
-            await asyncio.wait((main, waiting), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiting.cancel()
-        if not ready.is_set() or budget.interruption() is not None:
-            return []
-        if self.recovery_seen is not None and self.main.facts is not None:
-            self.recovery_seen(self.main.facts.in_recovery)  # read by this pass
-        await self.databases.sync()
-        # Other databases are cut in the main plan's run order (D16).
-        reference = self.main.plan.planned if self.main.plan else None
-        shedding = replace(shedding, reference=reference)
-        return [
-            group.create_task(self._one(server, slots, budget, shedding))
-            for server in self.servers[1:]
-        ]
+        walk = CollectionPass(self.databases, self.breaker, self.series_cap, self.stats,
+                              width=self.width, clock=self.clock,
+                              recovery_seen=self.recovery_seen)  # fmt: skip
+        return await walk.run(budget)
 
     @property
     def width(self) -> int:
@@ -245,70 +168,6 @@ class Exporter:
         capacity = self.connections.capacity
         wanted = self.settings.parallel_databases
         return wanted if capacity is None else max(1, min(wanted, capacity))
-
-    @staticmethod
-    async def _one(
-        server: Server,
-        slots: asyncio.Semaphore,
-        budget: Budget,
-        shedding: Shedding,
-        ready: asyncio.Event | None = None,
-    ) -> ServerResult:
-        """One database's part of the pass, once a slot is free. Each checks the request
-        before it connects and before each collector (B10), so once the budget is spent or
-        the client gone, the walks still waiting start nothing."""
-        async with slots:
-            return await server.scrape(budget, shedding, ready)
-
-    @staticmethod
-    def _merge(
-        result: ServerResult, snapshot: Snapshot, tally: PassTally, parts: list[Part]
-    ) -> bool:
-        """Add one database's collector results to ``parts``; True when it failed."""
-        parts.extend(result.parts)
-        snapshot.interrupted = snapshot.interrupted or result.interrupted
-        tally.add(result.tally)
-        return bool(result.error)
-
-    def _shedding(self) -> Shedding:
-        """What this pass sheds; a degraded breaker whose cool-down is over probes (D16)."""
-        if self.breaker.begin(self.clock()):
-            self._log_breaker()
-        return Shedding(self.breaker.level, self.breaker.policy.levels)
-
-    def _judge(self, tally: PassTally, interrupted: Interruption | None) -> None:
-        """Tell the breaker what the pass showed; log a change of state once (D16)."""
-        verdict, reason = judge(tally, interrupted=interrupted, policy=self.breaker.policy)
-        if self.breaker.observe(verdict, reason, self.clock()):
-            self._log_breaker()
-
-    def _log_breaker(self) -> None:
-        breaker = self.breaker
-        plan = self.main.plan.planned if self.main.plan else ()
-        cut = Shedding(breaker.level, breaker.policy.levels).cut(plan)
-        shed = [c.key for c in plan if is_shed(c, cut)]
-        level = logging.WARNING if breaker.state is BreakerState.DEGRADED else logging.INFO
-        log.log(
-            level,
-            "target breaker %s",
-            breaker.describe(self.clock()),
-            extra={"state": breaker.state.value, "shed_level": breaker.level,
-                   "shed": ",".join(shed) or "-"},
-        )  # fmt: skip
-
-    def _account(self, start: float, *, failed: bool, interrupted: Interruption | None) -> None:
-        self.stats.scrapes += 1
-        self.stats.last_scrape_time = time.time()  # wall clock: a timestamp for people
-        self.stats.last_duration = self.clock() - start
-        if interrupted is not None:  # B18: once, at INFO, and not an error
-            log.info(
-                "collection round interrupted: %s",
-                interrupted.description,
-                extra={"reason": interrupted.value},
-            )
-        elif failed:
-            self.stats.errors += 1
-        log.debug("collection round done", extra={"duration": round(self.stats.last_duration, 4)})
 
     async def close(self, grace: float = SHUTDOWN_GRACE) -> None:
         """Let a pass in flight end (within ``grace`` seconds), then close every connection.

@@ -22,9 +22,10 @@ from exporter.admission import Admission
 from exporter.breaker import BreakerState
 from exporter.budget import Budget, Interruption
 from exporter.cache import Outcome
-from exporter.collection import Exporter, Snapshot
+from exporter.collection import Exporter
 from exporter.explain import last_plans
 from exporter.exposition import Format, encode
+from exporter.passes import Snapshot
 from exporter.selfmetrics import SelfMetrics
 from exporter.stat import stat_text
 from rigs.localpg import LocalCluster
