@@ -264,7 +264,10 @@ async def test_a_locked_server_sheds_the_least_important_and_recovers_without_fl
     and every collector publishes again; each change of state is logged once (D16)."""
     m, table = _marker("slow"), _marker("locked")
     pg18.psql(f"CREATE TABLE {table} AS SELECT 1 AS n")
-    text = _library(m, table, load_sql="SELECT count(*) AS {column} FROM {table}")
+    # The semicolon in the comment keeps the query text, not prepared (issue 22): a lock
+    # wait at an EXECUTE is logged without its statement, so sql_sent could not see it.
+    load_sql = "SELECT count(*) AS {column} FROM {table} /* ; */"
+    text = _library(m, table, load_sql=load_sql)
     clock = FakeClock()
     exporter = _exporter(pg18, tmp_path, text, clock)
     timeline = Timeline()
