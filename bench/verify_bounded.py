@@ -23,8 +23,8 @@ from pathlib import Path
 
 from exporter.budget import SCRAPE_TIMEOUT_HEADER
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import statement_calls, value
-from tests.integration.rawhttp import RawClient, get
+from tests.fixtures.helpers import statement_calls, value
+from tests.fixtures.rawhttp import RawClient, get
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import re
 
 from bench.statements import Cost, branch_queries, name_of, render
 from exporter.loading import load_definitions
-from tests.integration.helpers import COLLECTORS
+from tests.fixtures.helpers import COLLECTORS
 
 
 def _as_pg_stat_statements_keeps_it(sql: str) -> str:

@@ -23,8 +23,8 @@ from rigs.localpg import (
     pg15_bindir,
     pg18_bindir,
 )
-from tests.integration.helpers import settings_for, write_collectors
-from tests.integration.rawhttp import Served, Start, serving
+from tests.fixtures.helpers import settings_for, write_collectors
+from tests.fixtures.rawhttp import Served, Start, serving
 
 HERE = Path(__file__).parent
 

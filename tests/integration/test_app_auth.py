@@ -15,9 +15,9 @@ from pytest_aiohttp.plugin import AiohttpClient
 from exporter.web.app import create_app
 from exporter.web.config import WebConfig
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import settings_for, value, write_collectors
-from tests.integration.rawhttp import serving
-from tests.integration.webrig import FLOOD, flooding, median_login
+from tests.fixtures.helpers import settings_for, value, write_collectors
+from tests.fixtures.rawhttp import serving
+from tests.fixtures.webrig import FLOOD, flooding, median_login
 
 PATHS = ["/metrics", "/", "/explain", "/stat", "/version", "/nowhere"]
 USER, PASSWORD = "prom", "right horse"

@@ -18,13 +18,13 @@ import pytest
 from exporter.cache import Outcome
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import (
+from tests.fixtures.helpers import (
     exporter_backends,
     exporter_running,
     statement_calls,
     value,
 )
-from tests.integration.rawhttp import RawClient, Served, Start, get, poll, poll_async
+from tests.fixtures.rawhttp import RawClient, Served, Start, get, poll, poll_async
 
 pytestmark = pytest.mark.concurrency
 

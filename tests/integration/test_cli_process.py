@@ -14,7 +14,7 @@ import pytest
 
 from exporter.cli import main
 from rigs.localpg import LocalCluster, free_port
-from tests.integration.helpers import COLLECTORS, REPO, http_get, terminate, value, wait_for
+from tests.fixtures.helpers import COLLECTORS, REPO, http_get, terminate, value, wait_for
 
 
 def test_explain_prints_plan_with_reasons(

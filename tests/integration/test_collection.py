@@ -17,7 +17,7 @@ from exporter.loading import load_definitions
 from exporter.web.app import create_app
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import (
+from tests.fixtures.helpers import (
     COLLECTORS,
     exporter_backends,
     samples,

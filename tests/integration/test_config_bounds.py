@@ -8,8 +8,8 @@ from pathlib import Path
 
 from exporter.loading import load_definitions
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import settings_for, value
-from tests.integration.rawhttp import RawClient, get, serving
+from tests.fixtures.helpers import settings_for, value
+from tests.fixtures.rawhttp import RawClient, get, serving
 from tests.reliability.test_hostile_config import BOMB, SECONDS, VALID
 
 

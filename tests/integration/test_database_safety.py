@@ -18,8 +18,8 @@ from exporter.cache import Outcome
 from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
-from tests.integration.helpers import exporter_backends, value
-from tests.integration.rawhttp import Served, Start, get, poll_async
+from tests.fixtures.helpers import exporter_backends, value
+from tests.fixtures.rawhttp import Served, Start, get, poll_async
 
 
 def _outcome(served: Served, key: str, datname: str | None = None) -> Outcome | None:

@@ -30,8 +30,8 @@ from exporter.selfmetrics import SelfMetrics
 from exporter.stat import stat_text
 from rigs.localpg import LocalCluster
 from tests.clock import FakeClock
-from tests.integration.helpers import settings_for, statement_calls, value, write_collectors
-from tests.integration.rawhttp import poll_async
+from tests.fixtures.helpers import settings_for, statement_calls, value, write_collectors
+from tests.fixtures.rawhttp import poll_async
 
 SEED = 16  # the jitter draws are seeded, so every count below is reproducible
 

@@ -8,8 +8,8 @@ import uuid
 from exporter.cache import Outcome
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import exporter_backends
-from tests.integration.rawhttp import RawClient, Start, poll, poll_async
+from tests.fixtures.helpers import exporter_backends
+from tests.fixtures.rawhttp import RawClient, Start, poll, poll_async
 
 
 def _sleeper(key: str, marker: str, seconds: float, timeout: float) -> str:

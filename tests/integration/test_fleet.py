@@ -36,7 +36,7 @@ from exporter.settings import Settings
 from exporter.web.health import HEALTH_PATHS, PRIMARY_PATHS, REPLICA_PATHS, UP_PATHS
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
-from tests.integration.fleetrig import (
+from tests.fixtures.fleetrig import (
     Listener,
     fetch,
     fleet_of,
@@ -46,7 +46,7 @@ from tests.integration.fleetrig import (
     serving_fleet,
     write_targets,
 )
-from tests.integration.helpers import (
+from tests.fixtures.helpers import (
     REPO,
     exporter_running,
     http_get,
@@ -55,7 +55,7 @@ from tests.integration.helpers import (
     wait_for,
     write_collectors,
 )
-from tests.integration.rawhttp import RawClient, Response, Served, Start, get, poll, poll_async
+from tests.fixtures.rawhttp import RawClient, Response, Served, Start, get, poll, poll_async
 
 pytestmark = pytest.mark.pg
 

@@ -13,9 +13,9 @@ import pytest
 from exporter import fleet as fleet_module
 from exporter.settings import Settings
 from rigs.localpg import LocalCluster
-from tests.integration.fleetrig import member, serving_fleet, write_targets
-from tests.integration.helpers import write_collectors
-from tests.integration.rawhttp import get, poll_async
+from tests.fixtures.fleetrig import member, serving_fleet, write_targets
+from tests.fixtures.helpers import write_collectors
+from tests.fixtures.rawhttp import get, poll_async
 
 pytestmark = pytest.mark.pg
 

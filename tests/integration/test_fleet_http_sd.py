@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import COLLECTORS, http_get, wait_for
-from tests.integration.processes import fleet_exporter, prometheus
+from tests.fixtures.helpers import COLLECTORS, http_get, wait_for
+from tests.fixtures.processes import fleet_exporter, prometheus
 
 pytestmark = pytest.mark.pg
 

@@ -30,8 +30,8 @@ from exporter.probe import HealthProbe, Status
 from exporter.probeslots import NOT_PROBED
 from exporter.settings import Settings
 from rigs.localpg import LocalCluster, free_port
-from tests.integration.fleetrig import fleet_of, member, serving_fleet, write_targets
-from tests.integration.helpers import (
+from tests.fixtures.fleetrig import fleet_of, member, serving_fleet, write_targets
+from tests.fixtures.helpers import (
     REPO,
     http_get,
     terminate,
@@ -39,7 +39,7 @@ from tests.integration.helpers import (
     wait_for,
     write_collectors,
 )
-from tests.integration.rawhttp import Response, Served, get
+from tests.fixtures.rawhttp import Response, Served, get
 
 pytestmark = pytest.mark.pg
 

@@ -27,7 +27,7 @@ import yaml
 
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import (
+from tests.fixtures.helpers import (
     COLLECTORS,
     REPO,
     http_get,
@@ -35,7 +35,7 @@ from tests.integration.helpers import (
     value,
     wait_for,
 )
-from tests.integration.processes import fleet_exporter, prometheus
+from tests.fixtures.processes import fleet_exporter, prometheus
 
 pytestmark = pytest.mark.concurrency  # timing-sensitive: repeat with --repeat N
 

@@ -21,7 +21,7 @@ from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.web.app import create_app
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import (
+from tests.fixtures.helpers import (
     COLLECTORS,
     REPO,
     http_get,

@@ -23,6 +23,7 @@ from exporter.web.app import create_app
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import MAJORS, LocalCluster
+from tests.fixtures.helpers import COLLECTORS, samples, settings_for, wait_for
 from tests.gocompat import (
     CHANGES_FILE,
     Row,
@@ -33,7 +34,6 @@ from tests.gocompat import (
     offers,
     read_rows,
 )
-from tests.integration.helpers import COLLECTORS, samples, settings_for, wait_for
 from tests.integration.test_library_coverage import DB, MONITOR, _definitions, _prepare
 
 Client = TestClient[web.Request, web.Application]

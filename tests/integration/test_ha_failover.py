@@ -29,10 +29,10 @@ import aiohttp
 import pytest
 
 from rigs.localpatroni import SCOPE, LocalPatroni, PatroniNode
-from tests.integration.helpers import http_get, wait_for
-from tests.integration.processes import Backend, exporter, haproxy, haproxy_states
-from tests.integration.rawhttp import poll_async
-from tests.integration.routing_timeline import (
+from tests.fixtures.helpers import http_get, wait_for
+from tests.fixtures.processes import Backend, exporter, haproxy, haproxy_states
+from tests.fixtures.rawhttp import poll_async
+from tests.fixtures.routing_timeline import (
     PERIOD,
     REQUEST_TIMEOUT,
     Fetch,

@@ -33,7 +33,7 @@ from exporter.web.health import (
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster, pg18_bindir
-from tests.integration.rawhttp import Start, get
+from tests.fixtures.rawhttp import Start, get
 
 Client = TestClient[web.Request, web.Application]
 INTERVAL = 0.2  # probe period in these tests: outcomes show up quickly

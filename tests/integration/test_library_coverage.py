@@ -25,7 +25,7 @@ from exporter.web.app import create_app
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import MAJORS, LocalCluster
-from tests.integration.helpers import COLLECTORS, samples, settings_for, value, wait_for
+from tests.fixtures.helpers import COLLECTORS, samples, settings_for, value, wait_for
 from tests.promtool import unexpected_problems
 
 Client = TestClient[web.Request, web.Application]

@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 from exporter.loading import load_definitions
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import COLLECTORS
+from tests.fixtures.helpers import COLLECTORS
 
 DB = "libsql"
 TIMEOUTS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")

@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from rigs.localpg import LocalCluster, pg18_bindir
-from tests.integration.fleetrig import serving_fleet, write_targets
-from tests.integration.helpers import settings_for, value, write_collectors
-from tests.integration.rawhttp import serving
+from tests.fixtures.fleetrig import serving_fleet, write_targets
+from tests.fixtures.helpers import settings_for, value, write_collectors
+from tests.fixtures.rawhttp import serving
 
 HAMMER_SECONDS = 6.0
 CLIENTS = 4

@@ -24,7 +24,7 @@ from exporter.cache import Outcome
 from exporter.web.app import create_app
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster, LocalPgError
-from tests.integration.helpers import (
+from tests.fixtures.helpers import (
     exporter_backends,
     exporter_running,
     samples,
@@ -33,7 +33,7 @@ from tests.integration.helpers import (
     value,
     write_collectors,
 )
-from tests.integration.rawhttp import RawClient, Served, Start, get, poll, poll_async
+from tests.fixtures.rawhttp import RawClient, Served, Start, get, poll, poll_async
 
 Client = TestClient[web.Request, web.Application]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster, pg18_bindir
-from tests.integration.helpers import http_get, terminate, wait_for
-from tests.integration.processes import exporter, prometheus
+from tests.fixtures.helpers import http_get, terminate, wait_for
+from tests.fixtures.processes import exporter, prometheus
 from tests.monitoring import RULE_FILES, Expression, dashboard_expressions, recording_rules
 
 # Scrapes and rule evaluations every second, so that rates over the dashboards' 10 s

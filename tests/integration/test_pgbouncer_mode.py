@@ -14,7 +14,7 @@ from exporter.settings import Settings
 from exporter.web.app import create_app
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
-from tests.integration.helpers import COLLECTORS, samples, value
+from tests.fixtures.helpers import COLLECTORS, samples, value
 
 
 async def test_default_pgbouncer_collectors_run_clean(

@@ -15,7 +15,7 @@ from exporter.server import Server
 from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.integration.rawhttp import Served, Start, get
+from tests.fixtures.rawhttp import Served, Start, get
 
 _LOGGED = re.compile(r"\[(\d+)\] .*app=pg_exporter: LOG:  (?:statement|execute [^:]*): (.*)")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from exporter.loading import load_definitions
 from rigs.localpg import LocalCluster, pg18_bindir
-from tests.integration.helpers import settings_for, value
-from tests.integration.rawhttp import get, poll_async, serving
+from tests.fixtures.helpers import settings_for, value
+from tests.fixtures.rawhttp import get, poll_async, serving
 
 
 async def test_promotion_is_followed_by_metrics_and_plan(tmp_path: Path) -> None:

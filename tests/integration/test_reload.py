@@ -23,8 +23,8 @@ from exporter.flags import version_text
 from exporter.loading import load_definitions
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import REPO, settings_for, value, wait_for
-from tests.integration.rawhttp import RawClient, Served, get, poll, serving
+from tests.fixtures.helpers import REPO, settings_for, value, wait_for
+from tests.fixtures.rawhttp import RawClient, Served, get, poll, serving
 
 
 def _collector(key: str, column: str, value: str = "1", source: str = "") -> str:

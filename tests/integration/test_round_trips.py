@@ -9,8 +9,8 @@ import uuid
 from exporter.cache import Outcome
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import value
-from tests.integration.rawhttp import Served, Start, get
+from tests.fixtures.helpers import value
+from tests.fixtures.rawhttp import Served, Start, get
 
 #: What an exporter's backend logged: one line per simple query or per execute.
 _LOGGED = re.compile(r"\[(\d+)\] .*app=pg_exporter: LOG:  (?:statement|execute [^:]*): (.*)")

@@ -18,8 +18,8 @@ from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import prepared_names, value
-from tests.integration.rawhttp import Start, get
+from tests.fixtures.helpers import prepared_names, value
+from tests.fixtures.rawhttp import Start, get
 
 _SETTINGS = (
     "default_transaction_read_only",

@@ -17,7 +17,7 @@ from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.web.app import create_app
 from rigs.localpg import LocalCluster, pg18_bindir
-from tests.integration.helpers import settings_for, value, write_collectors
+from tests.fixtures.helpers import settings_for, value, write_collectors
 
 Client = TestClient[web.Request, web.Application]
 

@@ -13,7 +13,7 @@ import bcrypt
 import pytest
 
 from exporter.web.config import WebConfig, load_web_config
-from tests.integration.webrig import (
+from tests.fixtures.webrig import (
     FLOOD,
     client_context,
     flooding,

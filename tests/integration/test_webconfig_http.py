@@ -27,8 +27,8 @@ from exporter.web.app import create_app, make_runner
 from exporter.web.config import TlsConfig, WebConfig, load_web_config, ssl_context
 from exporter.web.reloading import RELOADER
 from rigs.localpg import free_port
-from tests.integration.helpers import REPO
-from tests.integration.webrig import basic, client_context, get, issue, make_ca, serving
+from tests.fixtures.helpers import REPO
+from tests.fixtures.webrig import basic, client_context, get, issue, make_ca, serving
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster, free_port
-from tests.integration.helpers import samples, value
+from tests.fixtures.helpers import samples, value
 from tests.packaging.conftest import (
     APT_ENV,
     ENV_FILE,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster
-from tests.integration.helpers import value
+from tests.fixtures.helpers import value
 from tests.packaging.conftest import run
 from tests.packaging.containers import UID, Podman, Running, start
 

@@ -486,7 +486,7 @@ async def _phases(
 
 def _calls(log: str, marker: str) -> int:
     """Executions of ``marker``'s SQL by the exporter in a snapshot of the statement log
-    (the criteria of ``tests.integration.helpers.statement_calls``)."""
+    (the criteria of ``tests.fixtures.helpers.statement_calls``)."""
     return sum(
         1
         for line in log.splitlines()

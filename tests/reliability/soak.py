@@ -43,8 +43,8 @@ from pathlib import Path
 
 from exporter.budget import SCRAPE_TIMEOUT_HEADER
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import exporter_backends, value
-from tests.integration.rawhttp import RawClient, get
+from tests.fixtures.helpers import exporter_backends, value
+from tests.fixtures.rawhttp import RawClient, get
 
 REPO = Path(__file__).resolve().parents[2]
 

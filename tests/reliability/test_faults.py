@@ -38,7 +38,7 @@ from exporter.settings import Settings
 from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
-from tests.integration.rawhttp import poll as wait_async
+from tests.fixtures.rawhttp import poll as wait_async
 from tests.reliability.test_shutdown import backends, http_get, poll, start_exporter
 
 pytestmark = pytest.mark.pg
@@ -184,7 +184,7 @@ async def exporter_for(
     settings: Settings, config: Path
 ) -> AsyncIterator[tuple[int, web.Application]]:
     """The real app on a random port (production runner); yields (port, app)."""
-    from tests.integration.rawhttp import serving
+    from tests.fixtures.rawhttp import serving
 
     async with serving(settings, load_definitions(str(config))) as served:
         yield served.port, served.app

@@ -24,9 +24,9 @@ from exporter.fleet import APPLY_CHUNK
 from exporter.settings import Settings
 from exporter.web.fleetpages import FLEET_PAGES, Page
 from rigs.localpg import free_port
-from tests.integration.fleetrig import fleet_of, serving_fleet, write_targets
-from tests.integration.helpers import write_collectors
-from tests.integration.rawhttp import Served, get, poll
+from tests.fixtures.fleetrig import fleet_of, serving_fleet, write_targets
+from tests.fixtures.helpers import write_collectors
+from tests.fixtures.rawhttp import Served, get, poll
 
 pytestmark = pytest.mark.usefixtures("enough_descriptors")
 

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import (
+from tests.fixtures.helpers import (
     COLLECTORS,
     REPO,
     statement_calls,

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from exporter.definitions import Definitions
 from exporter.errors import ConfigError
 from exporter.loading import load_definitions
-from tests.integration.helpers import REPO
+from tests.fixtures.helpers import REPO
 
 MESSAGE_CHARS = 600  # the longest line a problem or warning may take, with its location
 MEMORY = 64 * 1024 * 1024  # bytes a load may allocate at its peak

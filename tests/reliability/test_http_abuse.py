@@ -31,8 +31,8 @@ from exporter.web.health import HEALTH_PATHS
 from exporter.web.metrics import WRITE_STALL_SECONDS, Throttle
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
-from tests.integration.helpers import REPO, settings_for, write_collectors
-from tests.integration.rawhttp import RawClient, get, poll, serving
+from tests.fixtures.helpers import REPO, settings_for, write_collectors
+from tests.fixtures.rawhttp import RawClient, get, poll, serving
 
 pytestmark = [pytest.mark.pg, pytest.mark.usefixtures("enough_descriptors")]
 
