@@ -9,6 +9,7 @@ collector, issue 22), or with ``SET LOCAL`` in a read-only transaction of its ow
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import psycopg
@@ -32,6 +33,7 @@ class Limits:
     settings: tuple[tuple[str, int | None], ...]
 
     @classmethod
+    @functools.cache
     def of(cls, timeout: float | None, server_version: int) -> Limits:
         """Limits derived from a collector's timeout; None: unbounded."""
         ms = 0 if timeout is None else max(1, min(int(timeout * 1000), MAX_LIMIT_MS))
