@@ -151,8 +151,8 @@ async def test_a_cached_fatal_failure_keeps_the_database_down_for_its_ttl() -> N
     """B14: a fatal collector's failure is served from the cache, so the database is down
     and publishes nothing until the TTL ends, without running it again."""
     clock = FakeClock()
-    fatal = _collector("f", 0, fatal=True)
-    server = _discovered(clock, fatal, A)
+    fatal = _collector("f", 5, fatal=True)  # after a: what a published is dropped too
+    server = _discovered(clock, A, fatal)
     _ran(server, fatal, clock, Outcome.ERROR)
     _ran(server, A, clock, Outcome.OK)
     result = await server.scrape(_far_budget(clock))
