@@ -62,6 +62,10 @@ class BreakerPolicy:
     max_cool_down: float = 300.0  # a failed probe doubles the cool-down up to this
     levels: int = 3  # level k sheds k thirds of the non-fatal collectors, the first kept
     min_timeouts: int = 2  # a pass needs at least this many timeouts to count as distress
+    # Seconds a pass must have run before its budget ran out for that to count as distress:
+    # a budget spent before the pass started (a queued request, a client asking for a few
+    # microseconds) says nothing about the server.
+    min_judged_run: float = 1.0
 
 
 @dataclass(slots=True)
@@ -94,12 +98,13 @@ def distress_of(exc: BaseException) -> str:
 
 
 def judge(
-    tally: PassTally, *, interrupted: Interruption | None, policy: BreakerPolicy
+    tally: PassTally, *, interrupted: Interruption | None, policy: BreakerPolicy, ran_for: float
 ) -> tuple[Verdict, str]:
-    """The verdict on one pass, and the reason when it shows distress."""
+    """The verdict on one pass that ran ``ran_for`` seconds, and the reason when it shows
+    distress."""
     if tally.distress:
         return Verdict.DISTRESSED, tally.distress
-    if interrupted is Interruption.BUDGET:
+    if interrupted is Interruption.BUDGET and ran_for >= policy.min_judged_run:
         return Verdict.DISTRESSED, "the pass ran past its request's budget"
     if interrupted is not None:
         return Verdict.NEUTRAL, ""

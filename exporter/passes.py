@@ -92,7 +92,7 @@ class CollectionPass:
         # no one to answer: the request gets 503, the results stay cached (B21).
         snapshot.interrupted = snapshot.interrupted or budget.interruption()
         self._account(start, failed=failed, interrupted=snapshot.interrupted)
-        self._judge(tally, snapshot.interrupted)
+        self._judge(tally, snapshot.interrupted, ran_for=self.clock() - start)
         return snapshot
 
     async def _discover_meanwhile(
@@ -156,9 +156,10 @@ class CollectionPass:
             self._log_breaker()
         return Shedding(self.breaker.level, self.breaker.policy.levels)
 
-    def _judge(self, tally: PassTally, interrupted: Interruption | None) -> None:
+    def _judge(self, tally: PassTally, interrupted: Interruption | None, *, ran_for: float) -> None:
         """Tell the breaker what the pass showed; log a change of state once (D16)."""
-        verdict, reason = judge(tally, interrupted=interrupted, policy=self.breaker.policy)
+        policy = self.breaker.policy
+        verdict, reason = judge(tally, interrupted=interrupted, policy=policy, ran_for=ran_for)
         if self.breaker.observe(verdict, reason, self.clock()):
             self._log_breaker()
 

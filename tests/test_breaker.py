@@ -22,6 +22,13 @@ from exporter.budget import Interruption
 from exporter.definitions import Collector, Column, Usage
 
 POLICY = BreakerPolicy(cool_down=30.0, max_cool_down=120.0)
+
+
+def _whole(tally: PassTally) -> Verdict:
+    """The verdict on a pass that ran to its end."""
+    return judge(tally, interrupted=None, policy=POLICY, ran_for=0.1)[0]
+
+
 DISTRESS = (Verdict.DISTRESSED, "slow")
 HEALTHY = (Verdict.HEALTHY, "")
 
@@ -49,28 +56,32 @@ def _feed(breaker: Breaker, verdicts: list[tuple[Verdict, str]], now: float) -> 
 
 def test_most_collectors_timing_out_is_distress() -> None:
     """Half or more of the executed collectors timing out (at least two) is distress."""
-    assert judge(PassTally(executed=4, timeouts=2), interrupted=None, policy=POLICY)[0] is (
-        Verdict.DISTRESSED
-    )
-    assert judge(PassTally(executed=5, timeouts=2), interrupted=None, policy=POLICY)[0] is (
-        Verdict.HEALTHY
-    )
+    assert _whole(PassTally(executed=4, timeouts=2)) is Verdict.DISTRESSED
+    assert _whole(PassTally(executed=5, timeouts=2)) is Verdict.HEALTHY
     # One collector that always fails is the back-off's business, not the breaker's.
-    assert judge(PassTally(executed=1, timeouts=1), interrupted=None, policy=POLICY)[0] is (
-        Verdict.HEALTHY
-    )
+    assert _whole(PassTally(executed=1, timeouts=1)) is Verdict.HEALTHY
 
 
 def test_a_pass_past_its_budget_is_distress_a_hang_up_says_nothing() -> None:
     """Running past the budget is distress; a round its client cut short is neutral."""
     tally = PassTally(executed=3)
-    assert judge(tally, interrupted=Interruption.BUDGET, policy=POLICY)[0] is Verdict.DISTRESSED
-    assert judge(tally, interrupted=Interruption.CLIENT, policy=POLICY)[0] is Verdict.NEUTRAL
+    past = judge(tally, interrupted=Interruption.BUDGET, policy=POLICY, ran_for=1.0)
+    assert past[0] is Verdict.DISTRESSED
+    left = judge(tally, interrupted=Interruption.CLIENT, policy=POLICY, ran_for=1.0)
+    assert left[0] is Verdict.NEUTRAL
+
+
+def test_a_budget_spent_before_the_pass_could_run_says_nothing() -> None:
+    """D16: a budget that ran out within the first second of the pass (a queued request, a
+    client asking for microseconds) is no evidence against the server: neutral."""
+    for tally in (PassTally(), PassTally(executed=2)):
+        verdict = judge(tally, interrupted=Interruption.BUDGET, policy=POLICY, ran_for=0.99)
+        assert verdict[0] is Verdict.NEUTRAL
 
 
 def test_a_pass_that_ran_nothing_is_neutral() -> None:
     """All served from cache: no evidence either way."""
-    assert judge(PassTally(), interrupted=None, policy=POLICY)[0] is Verdict.NEUTRAL
+    assert _whole(PassTally()) is Verdict.NEUTRAL
 
 
 @pytest.mark.parametrize(
@@ -94,7 +105,7 @@ def test_connection_refusals_that_mean_distress(message: str, expected: str) -> 
 def test_a_connection_refusal_is_distress_whatever_else_the_pass_did() -> None:
     """Too many connections counts even in a round its client cut short."""
     tally = PassTally(distress="too many connections (53300)")
-    verdict, reason = judge(tally, interrupted=Interruption.CLIENT, policy=POLICY)
+    verdict, reason = judge(tally, interrupted=Interruption.CLIENT, policy=POLICY, ran_for=1.0)
     assert (verdict, reason) == (Verdict.DISTRESSED, "too many connections (53300)")
 
 

@@ -28,10 +28,11 @@ from exporter.exposition import Format, encode
 from exporter.passes import Snapshot
 from exporter.selfmetrics import SelfMetrics
 from exporter.stat import stat_text
+from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
 from tests.clock import FakeClock
 from tests.fixtures.helpers import settings_for, statement_calls, value, write_collectors
-from tests.fixtures.rawhttp import poll_async
+from tests.fixtures.rawhttp import Start, get, poll_async
 
 SEED = 16  # the jitter draws are seeded, so every count below is reproducible
 
@@ -377,3 +378,21 @@ async def test_connections_exhausted_trip_the_breaker_and_pg_up_follows_reachabi
         assert all(timeline.up[back - 1 :])
     finally:
         await exporter.close()
+
+
+async def test_a_client_asking_for_microseconds_cannot_make_the_target_shed(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """Requests whose scrape timeout is spent before their pass could run (a client asking
+    for a microsecond) answer 503 and are no evidence against the server: the breaker
+    stays normal and a scrape with a real timeout gets every collector (D16)."""
+    text = _branch("kept", "SELECT 1 AS kept_v", "kept_v", priority=10, timeout=5)
+    text += _branch("last", "SELECT 1 AS last_v", "last_v", priority=20, timeout=5)
+    served = await start(pg18, text, disable_cache=True)
+    for _ in range(4):
+        tiny = await get(served.port, **{"X-Prometheus-Scrape-Timeout-Seconds": "0.000001"})
+        assert tiny.status == 503
+    exporter = served.app[STATE].exporter
+    assert exporter.breaker.state is BreakerState.NORMAL
+    body = (await get(served.port)).text
+    assert value(body, "last_last_v") == 1, body
