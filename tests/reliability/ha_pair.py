@@ -44,6 +44,7 @@ import aiohttp
 
 from exporter.budget import SCRAPE_TIMEOUT_HEADER
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
+from tests.fixtures.helpers import calls_in_log
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -485,15 +486,9 @@ async def _phases(
 
 
 def _calls(log: str, marker: str) -> int:
-    """Executions of ``marker``'s SQL by the exporter in a snapshot of the statement log
-    (the criteria of ``tests.fixtures.helpers.statement_calls``)."""
-    return sum(
-        1
-        for line in log.splitlines()
-        if marker in line
-        and "app=pg_exporter" in line
-        and ("statement: " in line or "execute " in line)
-    )
+    """Executions of ``marker``'s SQL by the exporter in a snapshot of the statement log,
+    prepared ones included (``tests.fixtures.helpers.calls_in_log``)."""
+    return calls_in_log(log, marker)
 
 
 async def _scrapes_since(proxies: dict[str, RecordingProxy], wall: float, count: int) -> None:
