@@ -113,8 +113,9 @@ FLAGS = (
          "connection is closed to open another."),
     Flag("parallel-databases",  "",  _ENV + "PARALLEL_DATABASES", _V, "N",
          str(defaults.DEFAULT_PARALLEL_DATABASES),
-         "Discovered databases scraped at once within a pass (at least 1); never more than "
-         "--max-connections leaves them, the health probe's connection aside."),
+         "Databases scraped at once within a pass, the main one included (at least 1); "
+         "never more than --max-connections leaves them, the health probe's connection "
+         "aside."),
     Flag("max-total-series",    "",  _ENV + "MAX_TOTAL_SERIES", _V, "N",
          str(defaults.DEFAULT_MAX_TOTAL_SERIES),
          "Most series one scrape publishes over every collector and database; above it "
