@@ -31,7 +31,7 @@ from exporter.planning import Plan, ServerFacts, make_plan
 from exporter.preflight import pgbouncer_preflight, preflight
 from exporter.runtime import CollectorRuntime, Rules
 from exporter.seriescap import Part
-from exporter.session import Conn, Session
+from exporter.session import Conn, Place, Session
 from exporter.target import database_of
 
 log = logging.getLogger(__name__)
@@ -318,10 +318,8 @@ class Server:
         """Run one collector and build its families; never raises for collector failures.
         A connection the run left unusable is closed (D7)."""
         unsettling = self.plan is not None and runtime.collector.key in self.plan.unsettling
-        return await self.session.run(
-            self.conn, runtime, budget, facts=self.facts, datname=self.label,
-            unsettling=unsettling, disconnect=self.disconnect,
-        )  # fmt: skip
+        place = Place(self.conn, self.facts, self.label, unsettling, self.disconnect)
+        return await self.session.run(place, runtime, budget)
 
     def use(self, definitions: Definitions) -> None:
         """Take reloaded definitions: plan again on the next pass, with fresh caches and

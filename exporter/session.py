@@ -13,6 +13,7 @@ import enum
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -41,6 +42,19 @@ class _Skipped(enum.Enum):
 
 
 SKIPPED = _Skipped.SKIPPED  # a predicate said no
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where one collector runs: the database's connection and what its preflight read,
+    its name for labels and logs, whether the collector's SQL may change a limit, and how
+    to close a connection the run left unusable (D7)."""
+
+    conn: Conn | None
+    facts: ServerFacts | None
+    datname: str
+    unsettling: bool
+    disconnect: Callable[[], Awaitable[None]]
 
 
 class Session:
@@ -80,26 +94,13 @@ class Session:
         if self.prepared is not None:
             self.prepared.obsolete = True
 
-    async def run(
-        self,
-        conn: Conn | None,
-        runtime: CollectorRuntime,
-        budget: Budget,
-        *,
-        facts: ServerFacts | None,
-        datname: str,
-        unsettling: bool,
-        disconnect: Callable[[], Awaitable[None]],
-    ) -> Entry:
-        """Run one collector and build its families; never raises for collector failures.
-        ``unsettling``: its SQL may change a limit; ``disconnect`` closes a connection the
-        run left unusable (D7)."""
+    async def run(self, place: Place, runtime: CollectorRuntime, budget: Budget) -> Entry:
+        """Run one collector and build its families; never raises for collector failures."""
         collector = runtime.collector
+        datname = place.datname
         start = self.clock()
         try:
-            families, series, outcome = await self._execute(
-                conn, runtime, budget, facts, datname, unsettling=unsettling, disconnect=disconnect
-            )
+            families, series, outcome = await self._execute(place, runtime, budget)
             error = ""
         except RequestEnded as ended:
             families, series, outcome = (), 0, Outcome.CANCELLED
@@ -122,17 +123,9 @@ class Session:
         return Entry(families, outcome, self.clock(), duration, series, error)
 
     async def _execute(
-        self,
-        conn: Conn | None,
-        runtime: CollectorRuntime,
-        budget: Budget,
-        facts: ServerFacts | None,
-        datname: str,
-        *,
-        unsettling: bool,
-        disconnect: Callable[[], Awaitable[None]],
+        self, place: Place, runtime: CollectorRuntime, budget: Budget
     ) -> tuple[tuple[Family, ...], int, Outcome]:
-        collector = runtime.collector
+        collector, conn, facts, datname = runtime.collector, place.conn, place.facts, place.datname
         if conn is None:
             raise psycopg.OperationalError(f"no connection to {datname}")
         assert facts is not None
@@ -146,10 +139,10 @@ class Session:
                     self.query(conn, runtime, facts, datname), budget
                 )
         finally:
-            if unsettling:
+            if place.unsettling:
                 self.forget_limits()  # its SQL may have changed a limit: send them all again
             if not await postgres.settle(conn):
-                await disconnect()
+                await place.disconnect()
         if builder is SKIPPED:
             return (), 0, Outcome.SKIPPED
         if builder is None:  # an empty result: nothing to publish

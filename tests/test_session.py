@@ -18,7 +18,7 @@ from exporter.errors import TooManySeriesError
 from exporter.limits import Limits
 from exporter.prepared import Prepared
 from exporter.runtime import CollectorRuntime, Rules
-from exporter.session import Conn, Session, timeout_message
+from exporter.session import Conn, Place, Session, timeout_message
 from tests.clock import FakeClock
 
 
@@ -185,10 +185,8 @@ async def test_a_run_without_a_connection_is_an_error_entry_not_an_exception() -
     async def disconnect() -> None:
         raise AssertionError("nothing to disconnect")
 
-    entry = await _session(clock).run(
-        None, runtime, Budget.starting_now(5.0, clock=clock), facts=None, datname="db",
-        unsettling=False, disconnect=disconnect,
-    )  # fmt: skip
+    place = Place(None, None, "db", unsettling=False, disconnect=disconnect)
+    entry = await _session(clock).run(place, runtime, Budget.starting_now(5.0, clock=clock))
     assert (entry.outcome, entry.families, entry.series) == (Outcome.ERROR, (), 0)
     assert entry.error == "collector pg_c on db: no connection to db"
     assert entry.finished_at == clock.now
