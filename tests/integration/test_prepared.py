@@ -4,7 +4,6 @@ servers: counted in the statement log, with D1–D3 enforced on the prepared for
 from __future__ import annotations
 
 import itertools
-import re
 import uuid
 
 import psycopg
@@ -15,9 +14,8 @@ from exporter.server import Server
 from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
+from tests.fixtures.helpers import statements_since
 from tests.fixtures.rawhttp import Served, Start, get
-
-_LOGGED = re.compile(r"\[(\d+)\] .*app=pg_exporter: LOG:  (?:statement|execute [^:]*): (.*)")
 
 
 def _collector(key: str, query: str, timeout: float = 2) -> str:
@@ -36,13 +34,11 @@ def _main(served: Served) -> Server:
 
 async def _pass(cluster: LocalCluster, served: Served) -> list[str]:
     """One uncached pass; the statements the main database's connection ran in it."""
-    conn = _main(served).conn
     before = len(cluster.log_text())
     assert (await get(served.port)).status == 200
-    conn = conn or _main(served).conn
+    conn = _main(served).conn
     assert conn is not None
-    found = map(_LOGGED.search, cluster.log_text()[before:].splitlines())
-    return [m.group(2) for m in found if m and int(m.group(1)) == conn.info.backend_pid]
+    return statements_since(cluster, before, conn.info.backend_pid)
 
 
 def _outcome(served: Served, key: str) -> Outcome | None:

@@ -3,17 +3,13 @@
 
 from __future__ import annotations
 
-import re
 import uuid
 
 from exporter.cache import Outcome
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.fixtures.helpers import value
+from tests.fixtures.helpers import statements_since, value
 from tests.fixtures.rawhttp import Served, Start, get
-
-#: What an exporter's backend logged: one line per simple query or per execute.
-_LOGGED = re.compile(r"\[(\d+)\] .*app=pg_exporter: LOG:  (?:statement|execute [^:]*): (.*)")
 
 
 def _limits(key: str, timeout: float) -> str:
@@ -44,13 +40,6 @@ def _marked(key: str, timeout: float = 1) -> str:
 """
 
 
-def _statements_of_one_pass(cluster: LocalCluster, log_before: int, pid: int) -> list[str]:
-    """The statements backend ``pid`` ran since ``log_before`` characters of the log."""
-    text = cluster.log_text()[log_before:]
-    found = map(_LOGGED.search, text.splitlines())
-    return [m.group(2) for m in found if m and int(m.group(1)) == pid]
-
-
 async def _steady_pass(cluster: LocalCluster, served: Served) -> list[str]:
     """Statements of the third uncached pass (the first one sets the session up, the
     second prepares each query), on the main database's connection: not the health
@@ -61,7 +50,7 @@ async def _steady_pass(cluster: LocalCluster, served: Served) -> list[str]:
     assert conn is not None
     before = len(cluster.log_text())
     assert (await get(served.port)).status == 200
-    return _statements_of_one_pass(cluster, before, conn.info.backend_pid)
+    return statements_since(cluster, before, conn.info.backend_pid)
 
 
 async def test_each_collector_costs_one_round_trip_in_steady_state(
