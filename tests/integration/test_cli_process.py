@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from exporter.cli import main
 from rigs.localpg import LocalCluster, free_port
 from tests.fixtures.helpers import COLLECTORS, REPO, http_get, terminate, value, wait_for
+from tests.fixtures.holdingproxy import holding_proxy
 
 
 def test_explain_prints_plan_with_reasons(
@@ -200,16 +200,17 @@ def test_a_bcrypt_cost_of_31_is_refused_at_start(tmp_path: Path) -> None:
 def test_a_preflight_that_never_answers_does_not_hold_the_start(
     pg18: LocalCluster, fail_fast: bool
 ) -> None:
-    """A server that accepts the connection but never answers the first preflight (here
-    it waits on a lock held by a migration) does not hold the start: the exporter serves
-    after --connect-timeout plus 5 s and retries on each scrape; with --fail-fast it
+    """A server that accepts the connection but never answers the first preflight (a
+    proxy relays the login and holds every query) does not hold the start: the preflight
+    is given up after --connect-timeout plus 5 s (psycopg then spends up to 10 s trying
+    to cancel it), the exporter serves and retries on each scrape; with --fail-fast it
     exits 2."""
     port = free_port()
-    with psycopg.connect(pg18.dsn()) as migration:
-        migration.execute("LOCK TABLE pg_extension IN ACCESS EXCLUSIVE MODE")
+    with holding_proxy(pg18.port) as proxy:
+        url = f"postgresql://postgres@127.0.0.1:{proxy}/postgres?sslmode=disable"
         process = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "-u", pg18.dsn(), "-c", str(COLLECTORS),
-             "--web.listen-address", f"127.0.0.1:{port}", "--connect-timeout", "3000",
+            [sys.executable, "-m", "exporter", "-u", url, "-c", str(COLLECTORS),
+             "--web.listen-address", f"127.0.0.1:{port}", "--connect-timeout", "2000",
              *(["--fail-fast"] if fail_fast else [])],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ},
         )  # fmt: skip
@@ -221,9 +222,8 @@ def test_a_preflight_that_never_answers_does_not_hold_the_start(
                 wait_for(lambda: http_get(f"http://127.0.0.1:{port}/")[0] == 200,
                          "the exporter to listen", timeout=30)  # fmt: skip
         finally:
-            migration.rollback()
             if not fail_fast:
                 code = terminate(process)
     stderr = process.stderr.read().decode() if process.stderr else ""
     assert code == (2 if fail_fast else 0), stderr
-    assert "no answer within 8s" in stderr, stderr
+    assert "no answer within 7s" in stderr, stderr
