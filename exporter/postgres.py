@@ -23,9 +23,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format, TransactionStatus
 
 from exporter.casting import decode_text
-from exporter.definitions import Collector, Predicate
+from exporter.definitions import Predicate
 from exporter.errors import PredicateError
-from exporter.limits import limits_sql
+from exporter.limits import Limits, limits_sql
 from exporter.target import mask
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,13 @@ async def connect(
     """Open an autocommit connection within ``connect_timeout`` seconds (D6)."""
     try:
         async with asyncio.timeout(connect_timeout):
-            conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            # prepare_threshold None: psycopg never prepares a statement by itself. Behind a
+            # pooler its _pg3_N statements (our COMMIT, our preflight) stayed on a server
+            # connection an application got next, and its DEALLOCATE ALL after our
+            # ROLLBACK dropped the application's own (issue 29).
+            conn = await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, prepare_threshold=None
+            )
     except TimeoutError:
         raise psycopg.OperationalError(
             f"connecting to {mask(conninfo)} took longer than {connect_timeout:g}s "
@@ -103,9 +109,15 @@ async def console_batches(
         yield [d.name for d in cur.description or ()], rows
 
 
-async def run_predicate(cur: psycopg.AsyncCursor[tuple[object, ...]], predicate: Predicate) -> bool:
-    """True when the predicate holds; NULL, false or no row mean skip."""
-    await cur.execute(predicate.sql, prepare=False)  # simple protocol: pgBouncer too
+async def run_predicate(
+    cur: psycopg.AsyncCursor[tuple[object, ...]], predicate: Predicate, *, console: bool = False
+) -> bool:
+    """True when the predicate holds; NULL, false or no row mean skip.
+
+    On PostgreSQL it goes by the extended protocol, which takes one statement only, so
+    no predicate can end our read-only transaction and go on writing (D2, issue 29);
+    pgBouncer's console (``console``) speaks only the simple one (D4)."""
+    await cur.execute(predicate.sql, prepare=False, binary=not console)
     if cur.description is None or len(cur.description) != 1:
         raise PredicateError(f"predicate {predicate.name!r} must return exactly one column")
     rows = await cur.fetchmany(2)
@@ -148,12 +160,10 @@ async def stream_batches(
         yield names, batch
 
 
-async def begin(
-    cur: psycopg.AsyncCursor[tuple[object, ...]], collector: Collector, server_version: int
-) -> None:
+async def begin(cur: psycopg.AsyncCursor[tuple[object, ...]], limits: Limits) -> None:
     """Open the collector's read-only transaction with its limits in one round trip
-    (servers that do not report their read-only default: before PostgreSQL 14)."""
-    await cur.execute(limits_sql(collector.timeout, server_version))
+    (where session settings are not safe: ``preflight``)."""
+    await cur.execute(limits_sql(limits), prepare=False)
 
 
 async def set_session(cur: psycopg.AsyncCursor[tuple[object, ...]], sql: str) -> None:

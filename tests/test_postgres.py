@@ -114,18 +114,33 @@ class _Answers:
         self.rows = list(rows)
         self.description = [_Column(f"c{i}") for i in range(width)]
         self.sent: list[str] = []
+        self.binary: list[bool | None] = []
 
-    async def execute(self, sql: str, *, prepare: bool | None = None) -> None:
+    async def execute(
+        self, sql: str, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> None:
         self.sent.append(sql)
+        self.binary.append(binary)
 
     async def fetchmany(self, size: int) -> list[tuple[object, ...]]:
         return self.rows[:size]
 
 
-async def _answer(cursor: _Answers) -> bool:
+async def _answer(cursor: _Answers, *, console: bool = False) -> bool:
     predicate = Predicate(name="p", sql="SELECT true")
     cur = cast("psycopg.AsyncCursor[tuple[object, ...]]", cursor)
-    return await run_predicate(cur, predicate)
+    return await run_predicate(cur, predicate, console=console)
+
+
+async def test_a_predicate_goes_by_the_extended_protocol_but_to_the_console() -> None:
+    """D2, issue 29: on PostgreSQL a predicate is sent so that it can hold one statement
+    only (psycopg uses the extended protocol for binary results); pgBouncer's console
+    speaks only the simple protocol (D4)."""
+    postgres, console = _Answers([(True,)]), _Answers([(True,)])
+    await _answer(postgres)
+    await _answer(console, console=True)
+    assert postgres.binary == [True]
+    assert console.binary == [False]
 
 
 @pytest.mark.parametrize(
