@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from exporter.definitions import Collector, Definitions
+from exporter.limits import NO_GUARDS, TEMP_FILE_CAP_KB, Guards
+from exporter.searchpath import NO_PATH, SearchPath
 
 PRIMARY_TAGS = frozenset({"primary", "master", "leader"})
 REPLICA_TAGS = frozenset({"standby", "replica", "slave"})
@@ -30,9 +32,13 @@ class ServerFacts:
     schemas: frozenset[str] = frozenset()
     is_main: bool = True  # the URL's own database; False for discovered ones
     pgbouncer: bool = False
-    # Why each collector runs in a read-only transaction of its own with SET LOCAL limits;
+    # Why each collector runs in a read-only transaction of its own with local limits;
     # "" when the limits are session settings (a direct connection, issue 22).
     own_transaction: str = ""
+    # What our collectors resolve unqualified names through (issue 29).
+    search_path: SearchPath = NO_PATH
+    # What every statement of ours there runs under: the path, no JIT, memory bounds.
+    guards: Guards = NO_GUARDS
 
     @property
     def product(self) -> str:
@@ -220,12 +226,28 @@ def _header(facts: ServerFacts) -> str:
 
 
 def _limits_line(facts: ServerFacts) -> str:
-    """How the collectors' limits are put in force on this server (D1, issue 22)."""
+    """How the collectors' limits are put in force on this server (D1, issue 22), and what
+    every statement of ours runs under (issues 29, 31)."""
     if facts.pgbouncer:
         return "limits: none sent (pgBouncer's console has no settings, D4)"
     if facts.own_transaction:
-        return f"limits: a read-only transaction per collector, because {facts.own_transaction}"
-    return "limits: session settings, sent when the next collector's differ (direct connection)"
+        how = f"limits: a read-only transaction per collector, because {facts.own_transaction}"
+    else:
+        how = "limits: session settings, sent when the next collector's differ (direct connection)"
+    return f"{how}\n{facts.search_path.describe()}\n{guards_line(facts)}"
+
+
+def guards_line(facts: ServerFacts) -> str:
+    """The resource bounds of our statements, and how to get the one we may not set."""
+    guards = facts.guards
+    text = f"resources: jit off, no parallel workers, work_mem {guards.work_mem_kb}kB, "
+    if guards.temp_file_limit_kb is not None:
+        return text + f"temp_file_limit {guards.temp_file_limit_kb}kB"
+    return text + (
+        "temp_file_limit the server's (only a superuser may set it; to bound it: "
+        f"ALTER ROLE {facts.username} SET temp_file_limit = '{TEMP_FILE_CAP_KB}kB', "
+        f"or from PostgreSQL 15 GRANT SET ON PARAMETER temp_file_limit TO {facts.username})"
+    )
 
 
 def _describe(collector: Collector) -> list[str]:

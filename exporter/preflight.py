@@ -6,6 +6,7 @@ pgBouncer's admin console has a preflight of its own (D4).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -14,27 +15,43 @@ from dataclasses import dataclass
 import psycopg
 
 from exporter.casting import Escaped
-from exporter.limits import session_read_only
+from exporter.limits import Guards, session_read_only
 from exporter.planning import ServerFacts
+from exporter.searchpath import PATH_COLUMNS, SearchPath
 
-# The last three: the endpoint the server sees (own_transaction_reason). The socket
-# directories only over a Unix socket, and only when the role may read them (else NULL,
-# not an error): reading pg_settings instead would cost more than the rest together.
+# Every name is qualified and every comparison names pg_catalog's operator: this runs
+# under the session's own search_path, which a database's owner sets (searchpath).
+# The backend's pid and the endpoint the server sees prove a direct session
+# (own_transaction_reason). The socket directories only over a Unix socket, and only
+# when the role may read them (else NULL, not an error): reading pg_settings instead
+# would cost more than the rest together.
 _PREFLIGHT_SQL = """
-SELECT current_setting('server_version_num')::int,
-       pg_is_in_recovery(),
-       current_database(),
-       current_user,
-       ARRAY(SELECT extname::text FROM pg_extension),
-       ARRAY(SELECT nspname::text FROM pg_namespace),
-       ARRAY(SELECT datname::text FROM pg_database
+SELECT pg_catalog.current_setting('server_version_num')::int,
+       pg_catalog.pg_is_in_recovery(),
+       pg_catalog.current_database(),
+       CURRENT_USER,
+       ARRAY(SELECT extname::pg_catalog.text FROM pg_catalog.pg_extension),
+       ARRAY(SELECT nspname::pg_catalog.text FROM pg_catalog.pg_namespace),
+       ARRAY(SELECT datname::pg_catalog.text FROM pg_catalog.pg_database
              WHERE datallowconn AND NOT datistemplate ORDER BY datname),
-       host(inet_server_addr()),
-       coalesce(inet_server_port(), current_setting('port')::int),
-       CASE WHEN inet_server_addr() IS NULL
-                 AND pg_has_role('pg_read_all_settings', 'USAGE')
-            THEN current_setting('unix_socket_directories') END
-"""
+       pg_catalog.host(pg_catalog.inet_server_addr()),
+       coalesce(pg_catalog.inet_server_port(), pg_catalog.current_setting('port')::int),
+       CASE WHEN pg_catalog.inet_server_addr() IS NULL
+                 AND pg_catalog.pg_has_role('pg_read_all_settings', 'USAGE')
+            THEN pg_catalog.current_setting('unix_socket_directories') END,
+       pg_catalog.pg_backend_pid(),
+       pg_catalog.current_setting('work_mem'),
+       pg_catalog.current_setting('temp_file_limit'),
+       {may_limit_temp}"""
+# Whether our role may set temp_file_limit (issue 31): from PostgreSQL 15 it can be
+# granted (GRANT SET ON PARAMETER); before, only a superuser may.
+_MAY_LIMIT_TEMP = "pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')"
+_SUPERUSER = "pg_catalog.current_setting('is_superuser')::boolean"
+
+#: How often the schemas of a connection's path are searched again for impostors
+#: (seconds): the search costs the server a few milliseconds, the preflight a tenth of
+#: one, so it runs on a new connection and then at most this often.
+PATH_RECHECK = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,21 +76,32 @@ class Endpoint:
     address: str
     port: int
     directory: str | None = None
+    backend_pid: int | None = None  # the backend's pid: as libpq got it at login, or the server's
 
 
 async def preflight(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], *, is_main: bool
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    *,
+    is_main: bool,
+    path: SearchPath | None = None,
 ) -> Preflight:
-    """Version, recovery, database, user, extensions, schemas and databases in one query."""
+    """Version, recovery, database, user, extensions, schemas and databases in one query;
+    with ``path`` None, also the search_path our collectors are to run under (issue 29),
+    else ``path`` is kept."""
     async with conn.cursor() as cur:
-        await cur.execute(_PREFLIGHT_SQL)
+        await cur.execute(_sql(conn.info.server_version, check_path=path is None))
         row = await cur.fetchone()
     if row is None:  # pragma: no cover - the query always returns a row
         raise psycopg.DataError("preflight query returned no row")
-    version, recovery, datname, user, exts, schemas, dbs, address, port, directories = row
-    seen = Endpoint(str(address or ""), int(str(port)), _optional(directories))
+    version, recovery, datname, user, exts, schemas, dbs, address, port, directories = row[:10]
+    pid, work_mem, temp_file_limit, may_limit_temp = row[10:14]
+    seen = Endpoint(str(address or ""), int(str(port)), _optional(directories), _pid(pid))
+    path = path if path is not None else SearchPath.of(*row[14:16])
+    number = int(str(version))
+    guards = Guards.of(number, path.setting, str(work_mem), str(temp_file_limit),
+                       may_limit_temp is True)  # fmt: skip
     facts = ServerFacts(
-        version=int(str(version)),
+        version=number,
         in_recovery=bool(recovery),
         datname=str(datname),
         username=str(user),
@@ -81,6 +109,8 @@ async def preflight(
         schemas=frozenset(_strings(schemas)),
         is_main=is_main,
         own_transaction=own_transaction_reason(conn, seen),
+        search_path=path,
+        guards=guards,
     )
     names = _strings(dbs)
     return Preflight(
@@ -88,6 +118,18 @@ async def preflight(
         databases=tuple(n for n in names if not isinstance(n, Escaped)),
         unnamed=tuple(n for n in names if isinstance(n, Escaped)),
     )
+
+
+@functools.cache
+def _sql(version: int, *, check_path: bool) -> str:
+    """The preflight for a server of ``version`` (as libpq learnt it at login)."""
+    may = _MAY_LIMIT_TEMP if version >= 150000 else _SUPERUSER
+    sql = _PREFLIGHT_SQL.format(may_limit_temp=may)
+    return f"{sql},{PATH_COLUMNS}" if check_path else sql
+
+
+def _pid(value: object) -> int | None:
+    return value if isinstance(value, int) else None
 
 
 def _optional(value: object) -> str | None:
@@ -99,13 +141,16 @@ def own_transaction_reason(
     conn: psycopg.AsyncConnection[tuple[object, ...]], seen: Endpoint
 ) -> str:
     """Why this connection's collectors each run in a read-only transaction of their own
-    with SET LOCAL limits; "" when session limits are safe (issue 22).
+    with limits local to it; "" when session limits are safe (issue 22).
 
     Session settings stay on the server's connection. Behind a pooler (pgBouncer in
     transaction or statement pooling, pgpool, Odyssey, a cloud proxy) that connection is
     next handed to an application, which would inherit our read-only default and our
     statement timeout. So session limits need proof that the session reaches PostgreSQL
-    directly: the server sees the very endpoint libpq dialed (:func:`why_not_direct`).
+    directly. A pooler answers the login itself, with a backend pid of its own making,
+    so the server's ``pg_backend_pid()`` is another even where a redirect makes the
+    server see the very address and port libpq dialed (issue 29); and the server sees
+    the very endpoint libpq dialed (:func:`why_not_direct`).
     """
     if session_read_only(conn) is None:
         return "the server does not report its read-only default (before PostgreSQL 14)"
@@ -114,7 +159,10 @@ def own_transaction_reason(
     except psycopg.NotSupportedError:
         return "libpq is too old to tell which address it connected to (before 12)"
     unix = not hostaddr
-    dialed = Endpoint(hostaddr, conn.info.port, conn.info.host if unix else None)
+    dialed = Endpoint(hostaddr, conn.info.port, conn.info.host if unix else None,
+                      conn.info.backend_pid)  # fmt: skip
+    if seen.backend_pid != dialed.backend_pid:
+        return _answered_by_pooler(dialed, seen)
     return why_not_direct(dialed, seen)
 
 
@@ -155,6 +203,13 @@ def why_not_direct(dialed: Endpoint, seen: Endpoint) -> str:
             "one of the server's unix_socket_directories"
         )
     return ""
+
+
+def _answered_by_pooler(dialed: Endpoint, seen: Endpoint) -> str:
+    return (
+        f"the server's backend pid ({seen.backend_pid}) is not the one libpq was given at "
+        f"login ({dialed.backend_pid}): a pooler answered the login"
+    )
 
 
 def _address(text: str) -> str:

@@ -46,10 +46,11 @@ OUTAGE_HOLD = 10.0
 NO_UPSTREAM_HOLD = 3.0
 # On a replica the probe also asks whether its WAL receiver streams: a replica that lost
 # its upstream is about to be promoted or to reconnect, so the probe quickens. coalesce:
-# a role without pg_read_all_stats sees the receiver's row but not its status.
+# a role without pg_read_all_stats sees the receiver's row but not its status. Names
+# qualified: the database's owner chooses the path it runs under (issue 29).
 PROBE_SQL = (
-    "SELECT pg_is_in_recovery(), "
-    "(SELECT coalesce(status = 'streaming', true) FROM pg_stat_wal_receiver)"
+    "SELECT pg_catalog.pg_is_in_recovery(), (SELECT coalesce(status OPERATOR(pg_catalog.=) "
+    "'streaming', true) FROM pg_catalog.pg_stat_wal_receiver)"
 )
 # libpq reports no SQLSTATE when the server refuses a connection, so 57P03 is
 # recognised by the server's (English) message; every 57P03 text starts like this.

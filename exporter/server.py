@@ -14,7 +14,7 @@ import logging
 import random as _random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psycopg
 
@@ -28,8 +28,9 @@ from exporter.definitions import Collector, Definitions
 from exporter.errors import FatalCollectorFailed
 from exporter.exposition import Family
 from exporter.planning import Plan, ServerFacts, make_plan
-from exporter.preflight import pgbouncer_preflight, preflight
+from exporter.preflight import PATH_RECHECK, Preflight, pgbouncer_preflight, preflight
 from exporter.runtime import CollectorRuntime, Rules
+from exporter.searchpath import SearchPath
 from exporter.seriescap import Part
 from exporter.session import Conn, Place, Session
 from exporter.target import database_of
@@ -92,6 +93,8 @@ class Server:
         self.session = Session(pgbouncer=options.pgbouncer, const_labels=options.const_labels,
                                max_series=options.max_series, clock=clock)  # fmt: skip
         self.facts: ServerFacts | None = None
+        # The path searched on which connection, and when (issue 29).
+        self.path: tuple[Conn, SearchPath, float] | None = None
         self.databases: tuple[str, ...] = ()
         self.unnamed: tuple[str, ...] = ()  # databases discovery cannot name (SQL_ASCII)
         self.plan: Plan | None = None
@@ -130,10 +133,7 @@ class Server:
         else:
             self.connections.used(self)
         try:
-            if self.options.pgbouncer:
-                pre = await pgbouncer_preflight(self.conn)
-            else:
-                pre = await preflight(self.conn, is_main=self.is_main)
+            pre = await self._preflight(self.conn)
         except psycopg.Error:
             await self.disconnect()
             raise
@@ -152,14 +152,43 @@ class Server:
         self._note_limits(pre.facts)
         self.facts = pre.facts
 
+    async def _preflight(self, conn: Conn) -> Preflight:
+        """The server's facts; its path searched for impostors on a new connection and then
+        every PATH_RECHECK seconds (issue 29), keeping what it left out before."""
+        if self.options.pgbouncer:
+            return await pgbouncer_preflight(conn)
+        now, held = self.clock(), self.path
+        if held is not None and held[0] is conn and now - held[2] < PATH_RECHECK:
+            return await preflight(conn, is_main=self.is_main, path=held[1])
+        pre = await preflight(conn, is_main=self.is_main)
+        path = pre.facts.search_path
+        if held is not None and held[0] is conn:  # what is on its path now is ours
+            path = path.keeping(held[1])
+            pre = replace(pre, facts=replace(pre.facts, search_path=path))
+        self.path = (conn, path, now)
+        self._note_path(pre.facts)
+        return pre
+
+    def _note_path(self, facts: ServerFacts) -> None:
+        """Warn once per change about schemas left out of our search_path (issue 29)."""
+        left = facts.search_path.left_out
+        if left and (self.facts is None or self.facts.search_path.left_out != left):
+            log.warning(
+                "schemas left out of the search_path collectors run under, because an "
+                "ordinary role's object there could stand in for a catalog or extension "
+                "one; name objects there with their schema: %s",
+                "; ".join(f"{schema} holds {what}" for schema, what in left),
+                extra={"datname": facts.datname},
+            )
+
     def _note_limits(self, facts: ServerFacts) -> None:
         """Say once, per change, why collectors run in a transaction each (issue 22); the
         discovered databases share the main one's endpoint, and /explain shows each."""
         reason = facts.own_transaction
         if self.is_main and reason and (self.facts is None or self.facts.own_transaction != reason):
             log.info(
-                "each collector runs in a read-only transaction of its own with SET LOCAL "
-                "limits, not under session limits, because %s",
+                "each collector runs in a read-only transaction of its own with limits "
+                "local to it, not under session limits, because %s",
                 reason,
                 extra={"datname": facts.datname},
             )

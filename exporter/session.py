@@ -171,6 +171,8 @@ class Session:
         for predicate in collector.predicates:
             if not await self._predicate(cur, runtime, predicate):
                 return SKIPPED
+        if session and collector.predicates:
+            self._check_read_only(conn, collector)  # a predicate may have turned it off
         if self.pgbouncer:
             return await self._build(collector, postgres.console_batches(cur, collector.query))
         query = collector.query
@@ -203,11 +205,11 @@ class Session:
         the preflight proved the connection direct and the server reports its read-only
         default (a pooler would hand our session settings to an application). True when
         the limits are session settings."""
+        limits = Limits.of(collector.timeout, facts.guards)
         read_only = session_read_only(conn)
         if read_only is None or facts.own_transaction:
-            await postgres.begin(cur, collector, facts.version)
+            await postgres.begin(cur, limits)
             return False
-        limits = Limits.of(collector.timeout, facts.version)
         held = self.limits
         # All again on a connection not yet set up, or whose read-only default a
         # collector's SQL turned off (the server reports that change at once).
@@ -217,7 +219,19 @@ class Session:
             self.limits = None  # unknown until the server has applied the whole list
             await postgres.set_session(cur, sql)
         self.limits = (conn, limits)
+        self._check_read_only(conn, collector)
         return True
+
+    def _check_read_only(self, conn: Conn, collector: Collector) -> None:
+        """Believe the read-only default only when the server reports it on (issue 29):
+        a ``set_config`` of somebody else's, or a predicate that turned it off, would
+        otherwise let the collector's query write."""
+        if session_read_only(conn) is not True:
+            self.limits = None
+            raise CollectorError(
+                f"collector {collector.key} not run: the server reports its session's "
+                "read-only default off after the exporter set it on"
+            )
 
     async def _statement(self, conn: Conn, cur: Cursor, collector: Collector, datname: str) -> str:
         """What to send for the collector's query on a session-limits connection: ``EXECUTE``
@@ -263,7 +277,7 @@ class Session:
         cached = runtime.answer(p, self.clock())
         if cached is not None:
             return cached
-        value = await postgres.run_predicate(cur, p)
+        value = await postgres.run_predicate(cur, p, console=self.pgbouncer)
         runtime.remember(p, value, self.clock())
         return value
 

@@ -1,49 +1,106 @@
-"""A collector's server-side limits as SQL, without a database (D1, D3, issue 22)."""
+"""A collector's server-side limits as SQL, without a database (D1, D3, issues 22, 29, 31)."""
 
 from __future__ import annotations
 
-from exporter.limits import MAX_LIMIT_MS, SERVER_DEFAULT, Limits, limits_sql, session_sql
+import pytest
+
+from exporter.limits import (
+    MAX_LIMIT_MS,
+    SERVER_DEFAULT,
+    TEMP_FILE_CAP_KB,
+    WORK_MEM_CAP_KB,
+    Guards,
+    Limits,
+    kilobytes,
+    limits_sql,
+    session_sql,
+)
+
+PG18, PG16, PG15 = Guards(180000), Guards(160000), Guards(150000)
 
 
 def test_limits_follow_the_collector_timeout() -> None:
     """D1, D3: the statement limit is the timeout, lock waits a quarter of it (at most 1 s),
     and from PostgreSQL 17 a transaction backstop comes after the statement limit."""
-    assert dict(Limits.of(2.0, 180000).settings) == {
-        "statement_timeout": 2000,
-        "lock_timeout": 500,
-        "idle_in_transaction_session_timeout": 2000,
-        "transaction_timeout": 5000,
+    limits = dict(Limits.of(2.0, PG18).settings)
+    assert {name: limits[name] for name in limits if name.endswith("timeout")} == {
+        "statement_timeout": "2000",
+        "lock_timeout": "500",
+        "idle_in_transaction_session_timeout": "2000",
+        "transaction_timeout": "5000",
     }
-    assert "transaction_timeout" not in dict(Limits.of(2.0, 160000).settings)
+    assert "transaction_timeout" not in dict(Limits.of(2.0, PG16).settings)
+
+
+def test_every_statement_runs_without_jit_or_parallel_workers_and_bounded_memory() -> None:
+    """Issue 31: JIT off, no parallel workers, work_mem at most PostgreSQL's default (a
+    server set lower keeps its value), temp_file_limit only where our role may set it."""
+    limits = Limits.of(2.0, PG18)
+    assert limits.value("jit") == "off"
+    assert limits.value("max_parallel_workers_per_gather") == "0"
+    assert limits.value("work_mem") == f"{WORK_MEM_CAP_KB}kB"
+    assert "temp_file_limit" not in dict(limits.settings)
+    big = Guards.of(180000, '"pg_catalog"', "1GB", "-1", may_set=True)
+    assert big.work_mem_kb == WORK_MEM_CAP_KB
+    assert big.temp_file_limit_kb == TEMP_FILE_CAP_KB
+    small = Guards.of(180000, '"pg_catalog"', "1MB", "10MB", may_set=True)
+    assert (small.work_mem_kb, small.temp_file_limit_kb) == (1024, 10240)
+    assert Guards.of(180000, '"pg_catalog"', "4MB", "-1", may_set=False).temp_file_limit_kb is None
+    assert Limits.of(2.0, big).value("temp_file_limit") == f"{TEMP_FILE_CAP_KB}kB"
+
+
+@pytest.mark.parametrize(
+    ("text", "kb"),
+    [("4MB", 4096), ("64kB", 64), ("1GB", 1024**2), ("-1", -1), ("2048", 2048), ("x", 0)],
+)
+def test_memory_settings_read_as_current_setting_prints_them(text: str, kb: int) -> None:
+    """current_setting('work_mem') and friends, in kB."""
+    assert kilobytes(text) == kb
 
 
 def test_an_unbounded_collector_leaves_the_statement_limit_to_the_server() -> None:
     """D1: without a timeout the statement limit is the server's own; a huge one is capped
     at what PostgreSQL accepts."""
-    unbounded = dict(Limits.of(None, 180000).settings)
+    unbounded = dict(Limits.of(None, PG18).settings)
     assert unbounded["statement_timeout"] is SERVER_DEFAULT
     assert unbounded["transaction_timeout"] is SERVER_DEFAULT
-    assert dict(Limits.of(10.0**9, 150000).settings)["statement_timeout"] == MAX_LIMIT_MS
+    assert Limits.of(10.0**9, PG15).value("statement_timeout") == str(MAX_LIMIT_MS)
 
 
 def test_a_transaction_of_its_own_sets_only_what_it_limits() -> None:
-    """D1: BEGIN READ ONLY with SET LOCAL for every limit the collector sets."""
-    sql = limits_sql(None, 150000)
-    assert sql.startswith("BEGIN READ ONLY; ")
+    """D1: BEGIN READ ONLY, then every limit the collector sets local to it, in one
+    statement of pg_catalog.set_config calls."""
+    sql = limits_sql(Limits.of(None, PG15))
+    assert sql.startswith("BEGIN READ ONLY; SELECT pg_catalog.set_config(")
     assert "statement_timeout" not in sql
-    assert "SET LOCAL lock_timeout = 1000" in sql
+    assert "pg_catalog.set_config('lock_timeout', E'1000', true)" in sql
+    assert "pg_catalog.set_config('jit', E'off', true)" in sql
 
 
 def test_session_settings_are_sent_whole_once_then_only_where_they_differ() -> None:
     """Issue 22: a new session gets the read-only default and every limit; the next
     collector only what differs, and nothing when nothing does."""
-    short, long = Limits.of(1.0, 180000), Limits.of(4.0, 180000)
+    short, long = Limits.of(1.0, PG18), Limits.of(4.0, PG18)
     first = session_sql(short, None)
-    assert first.startswith("SELECT set_config('default_transaction_read_only', 'on', false)")
+    assert first.startswith(
+        "SELECT pg_catalog.set_config('default_transaction_read_only', E'on', false)"
+    )
     assert first.count("set_config(") == 1 + len(short.settings)
     assert session_sql(short, short) == ""
     changed = session_sql(long, short)
     assert "default_transaction_read_only" not in changed
-    assert "set_config('statement_timeout', '4000', false)" in changed
-    unbounded = session_sql(Limits.of(None, 180000), short)
-    assert "(SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout')" in unbounded
+    assert "search_path" not in changed
+    assert "pg_catalog.set_config('statement_timeout', E'4000', false)" in changed
+    unbounded = session_sql(Limits.of(None, PG18), short)
+    assert (
+        "(SELECT reset_val FROM pg_catalog.pg_settings "
+        "WHERE name OPERATOR(pg_catalog.=) 'statement_timeout')"
+    ) in unbounded
+
+
+def test_the_search_path_goes_as_a_literal_whatever_the_schema_names_hold() -> None:
+    """Issue 29: schema names come from the server; quotes and backslashes in them cannot
+    end the literal, whatever standard_conforming_strings says."""
+    guards = Guards(180000, search_path='"pg_catalog", "we\'ird\\""", "pg_temp"')
+    sql = session_sql(Limits.of(1.0, guards), None)
+    assert 'pg_catalog.set_config(\'search_path\', E\'"pg_catalog", "we\'\'ird\\\\""", ' in sql

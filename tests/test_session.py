@@ -15,7 +15,7 @@ from exporter.budget import Budget
 from exporter.cache import Outcome
 from exporter.definitions import Collector, Column, Usage
 from exporter.errors import TooManySeriesError
-from exporter.limits import Limits
+from exporter.limits import Guards, Limits
 from exporter.prepared import Prepared
 from exporter.runtime import CollectorRuntime, Rules
 from exporter.session import Conn, Place, Session, timeout_message
@@ -98,7 +98,7 @@ def test_one_cursor_per_connection_and_a_new_one_for_a_new_connection() -> None:
 def test_forget_limits_makes_every_limit_go_again() -> None:
     """After a collector that may change a limit, nothing is taken as already set."""
     session = _session()
-    session.limits = (_conn(_Conn()), Limits.of(2.5, 180000))
+    session.limits = (_conn(_Conn()), Limits.of(2.5, Guards(180000)))
     session.forget_limits()
     assert session.limits is None
 

@@ -221,7 +221,11 @@ async def test_over_series_cap_fails_cleanly_and_stops_the_query(
     others publish (D9)."""
     text = """
     huge:
-      query: SELECT i AS k, i AS v FROM generate_series(1, 5000000) i
+      # Nine million rows streamed from two small sets, not one set of five million held
+      # whole by its function scan, which would fill temporary files instead (issue 31).
+      query: >-
+        SELECT a * 3000 + b AS k, b AS v
+        FROM generate_series(0, 2999) a, generate_series(1, 3000) b
       timeout: 20
       max_series: 1000
       metrics:

@@ -125,7 +125,7 @@ async def test_servers_that_do_not_report_read_only_keep_a_transaction_per_colle
     pg13: LocalCluster, start: Start
 ) -> None:
     """PostgreSQL 13 does not report its read-only default, so each collector keeps its
-    own read-only transaction with SET LOCAL limits there (D1)."""
+    own read-only transaction with limits local to it there (D1)."""
     served = await start(pg13, _limits("lim_old", 2), disable_cache=True)
     statements = await _steady_pass(pg13, served)
     body = (await get(served.port)).text

@@ -76,7 +76,7 @@ async def test_through_a_transaction_pooler_no_setting_reaches_the_next_client(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Through pgBouncer in transaction pooling the exporter keeps a read-only transaction
-    with SET LOCAL limits per collector, says why once, and a plain client of the same
+    with limits local to it per collector, says why once, and a plain client of the same
     pool then sees the server's defaults: writable, no statement timeout (D1, D2)."""
     caplog.set_level(logging.INFO, logger="exporter.server")
     url = pooled.dsn(pooled.databases[0])
@@ -91,10 +91,10 @@ async def test_through_a_transaction_pooler_no_setting_reaches_the_next_client(
     assert seen == dict.fromkeys(seen, "0") | {"default_transaction_read_only": "off"}, seen
     main = served.app[STATE].exporter.main
     assert main.facts is not None
-    assert f"the server listens on port {pg18.port}" in main.facts.own_transaction
+    assert "a pooler answered the login" in main.facts.own_transaction
     told = [r.getMessage() for r in caplog.records if "transaction of its own" in r.getMessage()]
     assert len(told) == 1, told
-    assert f"port {pooled.port}" in told[0], told
+    assert "a pooler answered the login" in told[0], told
 
 
 async def test_collector_sql_that_changes_a_limit_does_not_lift_the_next_ones(
