@@ -24,7 +24,7 @@ from exporter.cache import Entry, Outcome
 from exporter.definitions import Collector, Predicate
 from exporter.errors import CollectorError, TooManySeriesError
 from exporter.exposition import Family
-from exporter.limits import Limits, session_read_only, session_sql
+from exporter.limits import Limits, limits_sql, session_read_only, session_sql
 from exporter.planning import ServerFacts
 from exporter.prepared import Prepared, deallocate_all, plan_memory, preparable, prepare
 from exporter.runtime import CollectorRuntime
@@ -223,7 +223,7 @@ class Session:
         limits = Limits.of(collector.timeout, facts.guards)
         read_only = session_read_only(conn)
         if read_only is None or facts.own_transaction:
-            await postgres.begin(cur, limits)
+            await postgres.send_limits(cur, limits_sql(limits))
             return False
         held = self.limits
         # All again on a connection not yet set up, or whose read-only default a
@@ -232,7 +232,7 @@ class Session:
         sql = session_sql(limits, held[1] if held is not None and same else None)
         if sql:
             self.limits = None  # unknown until the server has applied the whole list
-            await postgres.set_session(cur, sql)
+            await postgres.send_limits(cur, sql)
         self.limits = (conn, limits)
         self._check_read_only(conn, collector)
         return True
