@@ -109,18 +109,22 @@ hn_limits:
     - v: {usage: GAUGE, description: x}
 hn_write:
   query: SELECT pg_catalog.nextval('app.seq') AS v
+  timeout: 5
   metrics:
     - v: {usage: GAUGE, description: x}
 hn_sleep:
   query: SELECT 1 AS v FROM pg_sleep(0)
+  timeout: 5
   metrics:
     - v: {usage: GAUGE, description: x}
 hn_jobs:
   query: SELECT count(*) AS n FROM jobs
+  timeout: 5
   metrics:
     - n: {usage: GAUGE, description: rows of a table in public, found through the path}
 hn_queue:
   query: SELECT count(*) AS n FROM app.queue
+  timeout: 5
   metrics:
     - n: {usage: GAUGE, description: rows of a table in a schema of the tenant's own}
 """
@@ -195,10 +199,12 @@ def shared_pool(pg18: LocalCluster) -> Iterator[LocalPgBouncer]:
 _POOLED = """
 sp_ok:
   query: SELECT 1 AS v
+  timeout: 5
   metrics:
     - v: {usage: GAUGE, description: x}
 sp_fails:
   query: SELECT 1 / (SELECT 0) AS v
+  timeout: 5
   metrics:
     - v: {usage: GAUGE, description: x}
 """
@@ -302,6 +308,7 @@ async def redirected() -> AsyncIterator[Redirected]:
 _LOOKS_DIRECT = """
 ld_write:
   query: SELECT nextval('seq') AS v
+  timeout: 5
   metrics:
     - v: {usage: GAUGE, description: x}
 ld_limits:
@@ -352,6 +359,7 @@ async def _serve_with_predicate(
         esc_write:
           query: {query}
           predicate_queries: [{{name: p, predicate_query: SELECT true}}]
+          timeout: 5
           metrics:
             - v: {{usage: GAUGE, description: x}}
         """,

@@ -56,6 +56,7 @@ rg_settings:
            current_setting('max_parallel_workers_per_gather') AS workers,
            current_setting('work_mem') AS work_mem,
            current_setting('temp_file_limit') AS temp_file_limit, 1 AS v
+  timeout: 5
   metrics:
     - jit: {usage: LABEL, description: x}
     - workers: {usage: LABEL, description: x}
