@@ -1,4 +1,5 @@
-"""SQL text read as PostgreSQL's lexer reads it: where statements end, and their first word.
+"""SQL text read as PostgreSQL's lexer reads it: where statements end, their first word,
+and whether a collector may run it.
 
 A semicolon ends a statement only outside the places that may hold one as text:
 string constants (``'it''s'``, ``E'\\''``, ``U&'…'``, ``B'…'``, and their continuation
@@ -12,6 +13,9 @@ Whether a backslash escapes a quote in a plain ``'…'`` string depends on the s
 ``standard_conforming_strings``, unknown while a config is loaded (on by default since
 PostgreSQL 9.1). :func:`statement_count` reads the text both ways and keeps the larger
 count, so a text is taken for one statement only when it is one on every server.
+
+A collector runs one statement, and none that can leave its read-only transaction or
+change the session the next collectors run in (:func:`collector_sql_problem`, D2).
 
 Pure functions, no I/O.
 """
@@ -181,3 +185,49 @@ class _Lexer:
             else:
                 pos += 1
         self.pos = min(pos, len(sql))
+
+
+# First words of statements a collector may not be: they return no row to publish, and
+# each could leave the read-only transaction, change what the next collectors run
+# under, load the server, or change the pooler. Writes are left to the read-only
+# transaction itself, which refuses them (D2).
+_REFUSED = dict.fromkeys(
+    ("BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"),
+    "it controls the transaction, and could end the read-only one",
+)
+_REFUSED |= dict.fromkeys(
+    ("SET", "RESET", "DISCARD", "LOAD", "PREPARE", "DEALLOCATE", "LISTEN", "UNLISTEN"),
+    "it changes the session for the collectors that follow",
+)
+_REFUSED |= dict.fromkeys(
+    ("DO", "CALL"), "a procedure or DO block may commit, and write in the transaction after"
+)
+_REFUSED |= dict.fromkeys(
+    ("VACUUM", "ANALYZE", "CLUSTER", "REINDEX", "CHECKPOINT", "LOCK", "COPY"),
+    "it is maintenance or bulk work, which a read-only transaction allows",
+)
+_POOLER = ("PAUSE", "RESUME", "DISABLE", "ENABLE", "RECONNECT", "KILL", "KILL_CLIENT")
+_REFUSED |= dict.fromkeys(
+    (*_POOLER, "SUSPEND", "SHUTDOWN", "RELOAD", "WAIT_CLOSE"),
+    "it is a pgBouncer console command that changes the pooler",
+)
+QUERIES = "SELECT, WITH, VALUES, TABLE, SHOW or EXPLAIN"
+
+
+def collector_sql_problem(sql: str) -> str | None:
+    """Why a collector may not run ``sql`` as its query or predicate, or None: more than
+    one statement, or a statement that is a command rather than a query."""
+    count = statement_count(sql)
+    if count > 1:
+        return (
+            f"{count} statements, where a collector runs one: a statement after the first "
+            "could commit and write outside the read-only transaction; keep one query"
+        )
+    statements = split_statements(sql)
+    keyword = statements[0].keyword if statements else ""
+    if (risk := _REFUSED.get(keyword)) is None:
+        return None
+    return (
+        f"not a query: it starts with {keyword!r}, and {risk}; a collector runs one "
+        f"statement that returns rows ({QUERIES})"
+    )

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.sqltext import Statement, split_statements, statement_count
+from exporter.sqltext import Statement, collector_sql_problem, split_statements, statement_count
 from tests.sqlgen import script
 
 
@@ -149,3 +149,47 @@ def test_any_text_splits_without_error(sql: str) -> None:
         assert statement.text in sql
         assert statement.text
     assert statement_count(sql) >= len(split_statements(sql))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT string_agg(datname, ';') FROM pg_database;",
+        "WITH x AS (SELECT 1) SELECT * FROM x",
+        "(VALUES (1))",
+        "TABLE pg_database",
+        "SHOW POOLS",
+        "SHOW server_version_num",
+        "EXPLAIN SELECT 1",
+        "-- ; BEGIN\nSELECT 1 /* ; COMMIT */",
+        "INSERT INTO t VALUES (1) RETURNING x",  # the read-only transaction refuses it (D2)
+    ],
+)
+def test_one_query_may_be_run(sql: str) -> None:
+    """One statement that reads (or that the read-only transaction refuses) is allowed."""
+    assert collector_sql_problem(sql) is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT 1; SELECT 2", "2 statements, where a collector runs one"),
+        ("BEGIN READ WRITE; INSERT INTO t VALUES (1); COMMIT; SELECT true", "4 statements"),
+        ("SELECT 'a\\'; SELECT 2; --'", "2 statements"),  # so on a server with backslashes
+        ("begin", "'BEGIN', and it controls the transaction"),
+        ("COMMIT", "'COMMIT', and it controls the transaction"),
+        ("SET statement_timeout = 0", "'SET', and it changes the session"),
+        ("reset all;", "'RESET', and it changes the session"),
+        ("DO $$BEGIN COMMIT; END$$", "'DO', and a procedure or DO block may commit"),
+        ("CALL p()", "'CALL', and a procedure or DO block may commit"),
+        ("VACUUM", "'VACUUM', and it is maintenance or bulk work"),
+        ("COPY (SELECT 1) TO PROGRAM 'true'", "'COPY', and it is maintenance or bulk work"),
+        ("SHUTDOWN", "'SHUTDOWN', and it is a pgBouncer console command"),
+        ("/* c */ (PAUSE)", "'PAUSE', and it is a pgBouncer console command"),
+    ],
+)
+def test_several_statements_or_a_command_are_refused_with_why(sql: str, reason: str) -> None:
+    """A text that could leave the read-only transaction is refused, saying why (D2)."""
+    problem = collector_sql_problem(sql)
+    assert problem is not None
+    assert reason in problem
