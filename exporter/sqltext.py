@@ -191,23 +191,23 @@ class _Lexer:
 # each could leave the read-only transaction, change what the next collectors run
 # under, load the server, or change the pooler. Writes are left to the read-only
 # transaction itself, which refuses them (D2).
-_REFUSED = dict.fromkeys(
+REFUSED = dict.fromkeys(
     ("BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"),
     "it controls the transaction, and could end the read-only one",
 )
-_REFUSED |= dict.fromkeys(
-    ("SET", "RESET", "DISCARD", "LOAD", "PREPARE", "DEALLOCATE", "LISTEN", "UNLISTEN"),
-    "it changes the session for the collectors that follow",
+_SESSION = ("SET", "RESET", "DISCARD", "LOAD", "PREPARE", "DEALLOCATE", "DECLARE", "CLOSE")
+REFUSED |= dict.fromkeys(
+    (*_SESSION, "LISTEN", "UNLISTEN"), "it changes the session for the collectors that follow"
 )
-_REFUSED |= dict.fromkeys(
+REFUSED |= dict.fromkeys(
     ("DO", "CALL"), "a procedure or DO block may commit, and write in the transaction after"
 )
-_REFUSED |= dict.fromkeys(
+REFUSED |= dict.fromkeys(
     ("VACUUM", "ANALYZE", "CLUSTER", "REINDEX", "CHECKPOINT", "LOCK", "COPY"),
-    "it is maintenance or bulk work, which a read-only transaction allows",
+    "it is maintenance or bulk work, which a read-only transaction may still allow",
 )
 _POOLER = ("PAUSE", "RESUME", "DISABLE", "ENABLE", "RECONNECT", "KILL", "KILL_CLIENT")
-_REFUSED |= dict.fromkeys(
+REFUSED |= dict.fromkeys(
     (*_POOLER, "SUSPEND", "SHUTDOWN", "RELOAD", "WAIT_CLOSE"),
     "it is a pgBouncer console command that changes the pooler",
 )
@@ -225,7 +225,7 @@ def collector_sql_problem(sql: str) -> str | None:
         )
     statements = split_statements(sql)
     keyword = statements[0].keyword if statements else ""
-    if (risk := _REFUSED.get(keyword)) is None:
+    if (risk := REFUSED.get(keyword)) is None:
         return None
     return (
         f"not a query: it starts with {keyword!r}, and {risk}; a collector runs one "

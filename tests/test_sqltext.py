@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.sqltext import Statement, collector_sql_problem, split_statements, statement_count
+from exporter.sqltext import (
+    QUERIES,
+    REFUSED,
+    Statement,
+    collector_sql_problem,
+    split_statements,
+    statement_count,
+)
 from tests.sqlgen import script
 
 
@@ -193,3 +203,11 @@ def test_several_statements_or_a_command_are_refused_with_why(sql: str, reason: 
     problem = collector_sql_problem(sql)
     assert problem is not None
     assert reason in problem
+
+
+def test_the_refused_commands_are_the_ones_writing_collectors_lists() -> None:
+    """docs/writing-collectors.md names every refused first word, and no other."""
+    text = (Path(__file__).parents[1] / "docs" / "writing-collectors.md").read_text()
+    section = text.split("## One statement that returns rows", 1)[1]
+    listed = set(re.findall(r"`([A-Z_]+)`", section.split("None of these", 1)[0]))
+    assert listed - set(QUERIES.replace(" or", ",").split(", ")) == set(REFUSED)

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from exporter.sqltext import split_statements, statement_count
+from exporter.sqltext import collector_sql_problem, split_statements, statement_count
 from rigs.localpg import LocalCluster
 from tests.sqlgen import script
 
@@ -86,3 +86,34 @@ def test_generated_texts_split_as_the_server_runs_them(
     """SELECTs full of quotes, comments and semicolons: one result per statement found."""
     sql, _ = case
     assert len(split_statements(sql)) == results(server, sql)
+
+
+ESCAPE = (
+    "DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); "
+    "COMMIT; CREATE TABLE escaped_{n} (); END$$"
+)
+
+
+@pytest.mark.parametrize(
+    "sql", ["VACUUM {t}", "ANALYZE {t}", "REINDEX TABLE {t}", ESCAPE, "CHECKPOINT"]
+)
+def test_commands_refused_at_load_run_under_the_read_only_default(
+    server: psycopg.Connection[tuple[object, ...]], sql: str
+) -> None:
+    """What the load-time rule is for (D2): with the session read only, as collectors run
+    on a direct connection, these still run, and a DO block even turns it off, commits
+    and creates a table. Each is refused when a collector file is loaded."""
+    n = abs(hash(sql)) % 10**8
+    table = f"guarded_{n}"
+    server.execute(f"CREATE TABLE IF NOT EXISTS {table} (x int)")
+    text = sql.format(t=table, n=n)
+    server.execute("SELECT set_config('default_transaction_read_only', 'on', false)")
+    try:
+        server.execute(text.encode())
+    finally:
+        server.execute("RESET default_transaction_read_only")
+    if text.startswith("DO"):
+        created = server.execute(f"SELECT to_regclass('escaped_{n}') IS NOT NULL").fetchone()
+        assert created == (True,)
+        server.execute(f"DROP TABLE escaped_{n}")
+    assert collector_sql_problem(text) is not None
