@@ -14,6 +14,11 @@ Whether a backslash escapes a quote in a plain ``'…'`` string depends on the s
 PostgreSQL 9.1). :func:`statement_count` reads the text both ways and keeps the larger
 count, so a text is taken for one statement only when it is one on every server.
 
+The text is read a run of code at a time by regular expressions, which take in each
+token (a name, a constant, a quoted name, a line or simple comment) whole, so that a
+file's worth of hostile SQL costs about what reading its YAML does; only block
+comments that nest and dollar quotes are walked here.
+
 A collector runs one statement, and none that can leave its read-only transaction or
 change the session the next collectors run in (:func:`collector_sql_problem`, D2).
 
@@ -25,25 +30,68 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# What PostgreSQL's lexer (scan.l) calls ident_start and ident_cont: any character
-# outside ASCII counts as a letter, since the lexer reads UTF-8 bytes >= 0x80 so.
-_NAME = re.compile(r"[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_$\x80-\U0010ffff]*")
-# A number as PostgreSQL before 15 reads one, which stops before a letter, '_' or '$'
-# (`1$a$` is a number and a dollar quote; `0x1f` is 0 and a name). Later versions read
-# 0x1f, 1_000 as numbers, with the next token where it is here, and refuse a letter
-# right after a number (`1e'…'`) where older ones start a new token.
-_NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-# A dollar-quote delimiter: $$ or $tag$, the tag a name without '$' (so not $1).
-_DOLLAR = re.compile(r"\$(?:[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_\x80-\U0010ffff]*)?\$")
-_PARAMETER = re.compile(r"\$[0-9]+")
+# PostgreSQL's lexer (scan.l) reads UTF-8 bytes >= 0x80 as letters, so any character
+# outside ASCII is one here; its blanks are ASCII alone (U+00A0 is a letter to it).
+_LETTER = r"A-Za-z_\x80-\U0010ffff"
+_BLANK = r" \t\n\r\f\v"
+_BLANKS = " \t\n\r\f\v"  # what str.strip should take off, and no more
 # After a closing quote: blanks or `--` comments, a newline, then blanks, newlines or
 # `--` comments, then a quote, continue the constant (`'a'` newline `'b'` is 'ab').
-_CONTINUATION = re.compile(r"(?:[ \t\f]|--[^\n\r]*)*[\n\r](?:[ \t\n\r\f\v]|--[^\n\r]*[\n\r])*'")
-# B'…' and X'…' never read backslashes; N'…' and U&'…' end as plain strings do (the
-# server refuses U&'…' when standard_conforming_strings is off).
-_BIT_PREFIXES = frozenset("bBxX")
-_LINE_END = re.compile(r"[\n\r]|$")
-_BLANKS = frozenset(" \t\n\r\f\v")
+# Possessive, so that no text makes the expression backtrack.
+_CONTINUE = rf"(?:[ \t\f]|--[^\n\r]*+)*+[\n\r](?:[{_BLANK}]|--[^\n\r]*+[\n\r])*+'"
+_PLAIN = r"[^']*+(?:''[^']*+)*+"  # '' is a quote
+_ESCAPED = r"[^'\\]*+(?:(?:''|\\[\s\S]|\\\Z)[^'\\]*+)*+"  # and a backslash hides a character
+
+
+def _constant(segment: str) -> str:
+    """A '…' constant with the segments that continue it; unterminated, to the end."""
+    return rf"'{segment}(?:'(?:{_CONTINUE}{segment}(?:'|\Z))*+|\Z)"
+
+
+_NAME_PATTERN = rf"[{_LETTER}][{_LETTER}0-9$]*+"  # a name takes in its '$' signs: x$a$
+# A block comment that holds no other: the common case, read at once. (Comments nest,
+# which no regular expression follows: one that holds another is walked.)
+_SIMPLE_COMMENT = r"/\*[^*/]*+(?:(?:\*(?!/)|/(?!\*))[^*/]*+)*+\*/"
+_LINE_COMMENT = r"--[^\n\r]*+"  # a line ends at \n or \r
+_QUOTED_NAME = r'"[^"]*+(?:""[^"]*+)*+(?:"|\Z)'
+
+
+def _code(plain: str) -> str:
+    """A run of code up to a ';', a block comment or a dollar quote: names, numbers,
+    blanks, operators, line comments, constants and quoted names, read token by token
+    (by the regular expression engine) so that each constant ends where the server's
+    does. ``plain`` reads the body of a '…' constant without a prefix letter."""
+    return (
+        "(?:"
+        rf"[eE]{_constant(_ESCAPED)}|[bBxX]{_constant(_PLAIN)}|{_constant(plain)}"
+        rf"|{_QUOTED_NAME}"
+        rf"|(?![eEbBxX]'){_NAME_PATTERN}"  # a name, unless it is the letter before a '
+        r"|\$[0-9]++"  # a parameter
+        rf"|\$(?!(?:[{_LETTER}][{_LETTER}0-9]*+)?\$)"  # a '$' that opens no dollar quote
+        rf"|{_LINE_COMMENT}|{_SIMPLE_COMMENT}"
+        rf"|[^;'\"$/\-{_LETTER}]|-(?!-)|/(?!\*)"
+        ")++"
+    )
+
+
+def _tokens(plain: str) -> re.Pattern[str]:
+    """What may follow in a text: a statement's end, a block comment, a dollar quote's
+    opening delimiter, or a run of code."""
+    return re.compile(
+        # a ';' and what follows it up to the next statement: blanks, comments, ';'
+        rf"(?P<end>;(?:[;{_BLANK}]|{_LINE_COMMENT}|{_SIMPLE_COMMENT})*+)"
+        r"|(?P<comment>/\*)"
+        rf"|(?P<dollar>\$(?:[{_LETTER}][{_LETTER}0-9]*+)?\$)"  # $$ or $tag$, not $1
+        rf"|(?P<code>{_code(plain)})"
+    )
+
+
+# Standard strings (standard_conforming_strings on) and backslash-escaped ones (off).
+_STANDARD = _tokens(_PLAIN)
+_BACKSLASHED = _tokens(_ESCAPED)
+_NAME = re.compile(_NAME_PATTERN)
+_LEADING = re.compile(rf"(?:[{_BLANK}(]|{_LINE_COMMENT}|{_SIMPLE_COMMENT})*+")
+_COMMENT_MARK = re.compile(r"/\*|\*/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,137 +102,86 @@ class Statement:
     keyword: str  # upper-cased; "" when it starts with no name (a string, a quoted name)
 
 
-def split_statements(sql: str, *, backslash_quotes: bool = False) -> tuple[Statement, ...]:
-    """The statements of ``sql`` in order, leaving out those of blanks and comments alone.
+def split_statements(
+    sql: str, *, backslash_quotes: bool = False, limit: int | None = None
+) -> tuple[Statement, ...]:
+    """The statements of ``sql`` in order, leaving out those of blanks and comments alone
+    (the first ``limit`` of them, when given).
 
     ``backslash_quotes`` reads plain strings as a server with
     ``standard_conforming_strings = off`` does (``\\'`` does not end them). An
     unterminated string, quote or comment runs to the end of the text, as the server
     would read it before refusing it.
     """
-    return tuple(_Lexer(sql, backslash_quotes).statements())
+    return tuple(_Lexer(sql, backslash_quotes).statements(limit))
 
 
-def statement_count(sql: str) -> int:
-    """How many statements ``sql`` holds on a server reading backslashes either way."""
-    return max(len(split_statements(sql, backslash_quotes=mode)) for mode in (False, True))
+def statement_count(sql: str, limit: int | None = None) -> int:
+    """How many statements ``sql`` holds on a server reading backslashes either way (at
+    most ``limit``, when given: counting stops there)."""
+    modes = (False, True) if "\\" in sql else (False,)  # no backslash: both read alike
+    return max(len(split_statements(sql, backslash_quotes=m, limit=limit)) for m in modes)
 
 
 class _Lexer:
-    """One pass over a text, token by token, skipping what may hold a semicolon as text."""
+    """One pass over a text, a run of code, a comment or a dollar quote at a time."""
 
     def __init__(self, sql: str, backslash_quotes: bool) -> None:
         self.sql = sql
-        self.backslash_quotes = backslash_quotes
-        self.pos = 0
+        self.tokens = _BACKSLASHED if backslash_quotes else _STANDARD
 
-    def statements(self) -> list[Statement]:
-        found: list[Statement] = []
-        start, begun, keyword = 0, False, None  # keyword None: no name or other token yet
-        while self.pos < len(self.sql):
-            at = self.pos
-            if self.sql[at] == ";":
-                self.pos += 1
-                if begun:
-                    found.append(Statement(self.sql[start:at].strip(), keyword or ""))
-                start, begun, keyword = self.pos, False, None
-                continue
-            name = self._token()
-            if self._is_blank(at):
-                continue
-            begun = True
-            if keyword is None and self.sql[at] != "(":  # `(SELECT 1)` is a SELECT
-                keyword = name.upper()
-        if begun:
-            found.append(Statement(self.sql[start:].strip(), keyword or ""))
+    def statements(self, limit: int | None) -> list[Statement]:
+        sql, found = self.sql, list[Statement]()
+        start, pos, keyword = 0, 0, None  # keyword None: nothing but blanks and comments
+        while pos < len(sql) and (limit is None or len(found) < limit):
+            token = self.tokens.match(sql, pos)
+            assert token is not None  # every character starts one of them
+            kind, pos = token.lastgroup, token.end()
+            if kind == "end":
+                if keyword is not None:
+                    found.append(_statement(sql[start : token.start()], keyword))
+                start, keyword = pos, None
+            elif kind == "code":
+                keyword = _first_word(token.group(), keyword)
+            elif kind == "comment":
+                pos = _comment_end(sql, token.start())
+            else:  # a dollar quote, to its own delimiter
+                close = sql.find(token.group(), pos)
+                pos = len(sql) if close < 0 else close + len(token.group())
+                keyword = "" if keyword in (None, _OPENED) else keyword
+        if keyword is not None and (limit is None or len(found) < limit):
+            found.append(_statement(sql[start:], keyword))
         return found
 
-    def _is_blank(self, at: int) -> bool:
-        return self.sql[at] in _BLANKS or self.sql.startswith(("--", "/*"), at)
 
-    def _token(self) -> str:
-        """Move past one token; return it when it is a name (a keyword), else ""."""
-        sql, pos = self.sql, self.pos
-        char = sql[pos]
-        if sql.startswith("--", pos):  # to the end of the line, which \r ends too
-            end = _LINE_END.search(sql, pos)
-            self.pos = len(sql) if end is None else end.end()
-        elif sql.startswith("/*", pos):
-            self._skip_block_comment()
-        elif char == "'":
-            self._skip_string(pos, escapes=self.backslash_quotes)
-        elif char in "eE" and sql.startswith("'", pos + 1):
-            self._skip_string(pos + 1, escapes=True)
-        elif char == '"':
-            self._skip_quoted_name()
-        elif char == "$":
-            self._skip_dollar()
-        elif (number := _NUMBER.match(sql, pos)) is not None:
-            self.pos = number.end()
-        elif (name := _NAME.match(sql, pos)) is not None:
-            self.pos = name.end()
-            if name.group() in _BIT_PREFIXES and sql.startswith("'", self.pos):
-                self._skip_string(self.pos, escapes=False)
-            return name.group()
-        else:
-            self.pos += 1
-        return ""
+def _statement(text: str, keyword: str) -> Statement:
+    return Statement(text.strip(_BLANKS), "" if keyword == _OPENED else keyword)
 
-    def _skip_string(self, quote: int, *, escapes: bool) -> None:
-        """A '…' constant from ``quote``, with the segments that continue it."""
-        pos = self._string_end(quote + 1, escapes)
-        while (more := _CONTINUATION.match(self.sql, pos)) is not None:
-            pos = self._string_end(more.end(), escapes)
-        self.pos = pos
 
-    def _string_end(self, pos: int, escapes: bool) -> int:
-        """Just after the quote that ends a segment whose text starts at ``pos``:
-        '' is a quote; with ``escapes`` a backslash hides the next character."""
-        sql = self.sql
-        while pos < len(sql):
-            char = sql[pos]
-            if escapes and char == "\\":
-                pos += 2
-            elif char != "'":
-                pos += 1
-            elif sql.startswith("''", pos):
-                pos += 2
-            else:
-                return pos + 1
-        return len(sql)
+_OPENED = "("  # a statement of opening parentheses so far: `(SELECT 1)` is a SELECT
 
-    def _skip_quoted_name(self) -> None:
-        """A quoted identifier: a doubled quote stands for one."""
-        sql, pos = self.sql, self.pos + 1
-        while (end := sql.find('"', pos)) >= 0:
-            if not sql.startswith('""', end):
-                self.pos = end + 1
-                return
-            pos = end + 2
-        self.pos = len(sql)
 
-    def _skip_dollar(self) -> None:
-        """A dollar quote up to its own delimiter, a parameter ($1), or a lone '$'."""
-        sql, pos = self.sql, self.pos
-        if (delimiter := _DOLLAR.match(sql, pos)) is not None:
-            end = sql.find(delimiter.group(), delimiter.end())
-            self.pos = len(sql) if end < 0 else end + len(delimiter.group())
-        elif (parameter := _PARAMETER.match(sql, pos)) is not None:
-            self.pos = parameter.end()
-        else:
-            self.pos += 1
+def _first_word(code: str, keyword: str | None) -> str | None:
+    """A statement's keyword after a run of code: unchanged once known; its first name
+    (upper-cased), or "" when something else comes first (a constant, a quoted name)."""
+    if keyword not in (None, _OPENED):
+        return keyword
+    lead = _LEADING.match(code)
+    assert lead is not None  # it matches the empty string
+    if lead.end() == len(code):  # blanks, line comments and '(' alone
+        return _OPENED if "(" in code else keyword
+    name = _NAME.match(code, lead.end())
+    return "" if name is None or code.startswith("'", name.end()) else name.group().upper()
 
-    def _skip_block_comment(self) -> None:
-        """A /* … */ comment, which may hold others."""
-        sql, pos, depth = self.sql, self.pos + 2, 1
-        while depth and pos < len(sql):
-            if sql.startswith("/*", pos):
-                depth, pos = depth + 1, pos + 2
-            elif sql.startswith("*/", pos):
-                depth, pos = depth - 1, pos + 2
-            else:
-                pos += 1
-        self.pos = min(pos, len(sql))
+
+def _comment_end(sql: str, at: int) -> int:
+    """Just after the /* … */ comment starting at ``at``, which may hold others."""
+    depth = 1
+    for mark in _COMMENT_MARK.finditer(sql, at + 2):
+        depth += 1 if sql[mark.start()] == "/" else -1
+        if depth == 0:
+            return mark.end()
+    return len(sql)
 
 
 # First words of statements a collector may not be: they return no row to publish, and
@@ -217,10 +214,9 @@ QUERIES = "SELECT, WITH, VALUES, TABLE, SHOW or EXPLAIN"
 def collector_sql_problem(sql: str) -> str | None:
     """Why a collector may not run ``sql`` as its query or predicate, or None: more than
     one statement, or a statement that is a command rather than a query."""
-    count = statement_count(sql)
-    if count > 1:
+    if statement_count(sql, limit=2) > 1:  # no need to read on past the second one
         return (
-            f"{count} statements, where a collector runs one: a statement after the first "
+            "several statements, where a collector runs one: a statement after the first "
             "could commit and write outside the read-only transaction; keep one query"
         )
     statements = split_statements(sql)

@@ -86,5 +86,5 @@ def test_a_query_or_predicate_of_several_statements_is_refused_where_it_is() -> 
         "c.yml:pg_x.query",
         "c.yml:pg_x.predicate_queries[1].predicate_query",
     ]
-    assert notes.problems[0].message.startswith("2 statements, where a collector runs one")
+    assert notes.problems[0].message.startswith("several statements, where a collector runs one")
     assert "not a query: it starts with 'BEGIN'" in notes.problems[1].message

@@ -49,7 +49,7 @@ class Kept:
     message: str
 
 
-_SEVERAL = Kept(False, "2 statements, where a collector runs one")
+_SEVERAL = Kept(False, "several statements, where a collector runs one")
 _FIFO = "it is a FIFO, not a regular file"
 _DEVICE = "it is a symbolic link to a character device, not a regular file"
 #: The differences kept on purpose (docs/compatibility.md), by case: Go serves the first
