@@ -94,22 +94,24 @@ ESCAPE = (
 )
 
 
+@pytest.mark.parametrize("extended", [False, True], ids=["simple", "extended"])
 @pytest.mark.parametrize(
     "sql", ["VACUUM {t}", "ANALYZE {t}", "REINDEX TABLE {t}", ESCAPE, "CHECKPOINT"]
 )
 def test_commands_refused_at_load_run_under_the_read_only_default(
-    server: psycopg.Connection[tuple[object, ...]], sql: str
+    server: psycopg.Connection[tuple[object, ...]], sql: str, extended: bool
 ) -> None:
     """What the load-time rule is for (D2): with the session read only, as collectors run
-    on a direct connection, these still run, and a DO block even turns it off, commits
-    and creates a table. Each is refused when a collector file is loaded."""
-    n = abs(hash(sql)) % 10**8
+    on a direct connection, these still run, by either protocol (the extended one takes
+    a single statement, but this is one), and a DO block even turns the read-only
+    default off, commits and creates a table. Each is refused when a file is loaded."""
+    n = abs(hash((sql, extended))) % 10**8
     table = f"guarded_{n}"
     server.execute(f"CREATE TABLE IF NOT EXISTS {table} (x int)")
     text = sql.format(t=table, n=n)
     server.execute("SELECT set_config('default_transaction_read_only', 'on', false)")
     try:
-        server.execute(text.encode())
+        server.execute(text.encode(), binary=extended)  # binary: by the extended protocol
     finally:
         server.execute("RESET default_transaction_read_only")
     if text.startswith("DO"):
