@@ -20,7 +20,7 @@ from exporter.errors import excerpt, shorten
 from exporter.problems import Notes, kind_of
 from exporter.rules import LABEL_RULE, is_label_name
 
-COLUMN_FIELDS = frozenset({"usage", "rename", "description", "default", "scale", "bucket"})
+COLUMN_FIELDS = frozenset({"name", "usage", "rename", "description", "default", "scale", "bucket"})
 USAGES = ", ".join(usage.value for usage in Usage)
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 METRIC_SUFFIX = re.compile(r"[a-zA-Z0-9_:]+")
@@ -47,16 +47,17 @@ def _read_column(notes: Notes, where: str, entry: object) -> Column | None:
         got = f"{len(entry)} keys" if isinstance(entry, dict) else kind_of(entry)
         notes.error(where, f"expected a map with exactly one key, the column name; got {got}")
         return None
-    ((name, spec),) = entry.items()
-    if not isinstance(name, str) or not name.strip():
-        notes.error(where, f"a column name must be a non-blank string, got {kind_of(name)}")
+    ((key, spec),) = entry.items()
+    if not isinstance(key, str) or not key.strip():
+        notes.error(where, f"a column name must be a non-blank string, got {kind_of(key)}")
         return None
     if not isinstance(spec, dict):
         notes.error(
-            where, f"column {excerpt(name)} needs a map like {{usage: GAUGE}}, got {kind_of(spec)}"
+            where, f"column {excerpt(key)} needs a map like {{usage: GAUGE}}, got {kind_of(spec)}"
         )
         return None
     notes.warn_unknown(where, spec, COLUMN_FIELDS)
+    name = _read_name(notes, f"{where}.name", spec.get("name"), key)
     usage = _read_usage(notes, f"{where}.usage", spec.get("usage"))
     rename = _read_rename(notes, f"{where}.rename", spec.get("rename"))
     default = _read_float(notes, f"{where}.default", spec.get("default"), finite=False)
@@ -69,6 +70,18 @@ def _read_column(notes: Notes, where: str, entry: object) -> Column | None:
     text = spec.get("description")
     description = "" if text is None else str(text)
     return Column(name, usage, rename, description, default, scale, buckets)
+
+
+def _read_name(notes: Notes, where: str, value: object, key: str) -> str:
+    """The result column: ``name`` when given (Go reads it so), else the entry's key."""
+    if value is None or value == "":
+        return key
+    if isinstance(value, str) and value.strip():
+        return value
+    if is_number(value):  # Go's YAML library reads any scalar into text
+        return str(value)
+    notes.error(where, f"expected the result column's name, got {kind_of(value)}")
+    return key
 
 
 def _read_usage(notes: Notes, where: str, value: object) -> Usage | None:
@@ -104,10 +117,19 @@ def _read_float(notes: Notes, where: str, value: object, *, finite: bool) -> flo
 
 
 def _read_buckets(notes: Notes, where: str, usage: Usage | None, raw: object) -> tuple[float, ...]:
-    """HISTOGRAM upper bounds: required there, finite, strictly increasing; banned elsewhere."""
+    """HISTOGRAM upper bounds: required there, finite, strictly increasing. On another
+    column they are ignored, as by the Go exporter, once they read as a list of numbers."""
     if usage is not Usage.HISTOGRAM:
-        if raw is not None and usage is not None:
-            notes.error(where, "bucket is only for HISTOGRAM columns; remove it or change usage")
+        if raw is None or usage is None:
+            return ()
+        if not isinstance(raw, list) or not all(is_number(bound) for bound in raw):
+            notes.error(where, f"bucket must be a list of numbers, got {excerpt(raw)}")
+        else:
+            notes.warn(
+                where,
+                f"bucket is read only for a HISTOGRAM column; ignored on a "
+                f"{usage.value} column: remove it",
+            )
         return ()
     if not isinstance(raw, list) or not raw:
         notes.error(where, f"a HISTOGRAM column needs bucket: a list of bounds, got {kind_of(raw)}")

@@ -9,6 +9,7 @@ swapped between the check and the read), and read up to a limit.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -64,6 +65,29 @@ def read_regular(path: str, limit: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise FileRefused("it is not UTF-8 text") from None
+
+
+def entry_kind(path: str) -> str | None:
+    """None when ``path`` is (or links to) a regular file; else why it is not one, in a
+    few words. Looks with stat alone and never opens it, so a FIFO cannot block."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return _stat_failure(path, exc)
+    if stat.S_ISREG(mode):
+        return None
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    link = "a symbolic link to " if os.path.islink(path) else ""
+    return f"it is {link}{kind}, not a regular file"
+
+
+def _stat_failure(path: str, exc: OSError) -> str:
+    """Why stat failed, said for what the entry is: a link to nothing, a loop, or else."""
+    if exc.errno == errno.ELOOP:
+        return "it is a symbolic link in a loop"
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return f"it is a symbolic link to {os.readlink(path)!r}, which does not exist"
+    return f"cannot read it: {exc.strerror or type(exc).__name__}"
 
 
 def _read_at_most(fd: int, size: int) -> bytes:

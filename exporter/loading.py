@@ -2,8 +2,9 @@
 
 Every problem is collected with its location (``file:branch.field``) instead of
 stopping at the first one, so a single ``--dry-run`` shows all that needs fixing.
-Directory mode numbers files from 0 in name order: the k-th file (k = 0, 1, …)
-gives its branches without a ``priority`` (absent or 0) the priority 100 + k.
+As in the Go exporter, a branch without a ``priority`` (absent or 0) keeps 0 in a
+single file; in a directory, read in name order, the n-th file read without a problem
+(n = 1, 2, …) gives it 100 + n.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from exporter.definitions import (
-    Collector,
-    Definitions,
-    Usage,
-)
+from exporter.definitions import PRIORITY_BASE, Collector, Definitions, Usage
 from exporter.errors import ConfigError, Problem, shorten
+from exporter.files import entry_kind
 from exporter.problems import Notes, kind_name
 from exporter.settings import Settings
 from exporter.validation import const_label_problems, read_branch
@@ -39,30 +37,40 @@ def load_definitions(path: str) -> Definitions:
     """Load a collector file or directory; raise ConfigError with every problem."""
     if os.path.isdir(path):
         return _load_directory(path)
-    parsed = _read_file(path, 0)
+    parsed = _read_file(path, 0)  # one file: a branch without priority keeps 0, as in Go
     if parsed.problems:
         raise ConfigError(parsed.problems, f"{path}: {len(parsed.problems)} problem(s)")
+    warnings = parsed.warnings
     if not parsed.collectors:
-        message = "no collector branch; expected top-level keys each defining query and metrics"
-        raise ConfigError([Problem(path, message)])
+        warnings += (f"{path}: {_NO_BRANCH}",)
     ordered = _ordered(parsed.collectors)
-    return Definitions(ordered, (path,), warnings=parsed.warnings + _kind_conflicts(ordered))
+    return Definitions(ordered, (path,), warnings=warnings + _kind_conflicts(ordered))
 
 
-def read_document(text: str, source: str, file_index: int) -> ParsedDocument:
+_SERVED = "only the exporter's own metrics are served"
+_NO_BRANCH = (
+    f"no collector branch (the file is empty or all comments): {_SERVED}; add top-level "
+    "keys each defining query and metrics"
+)
+
+
+def read_document(text: str, source: str, default_priority: int) -> ParsedDocument:
     """Validate one collector file's text: branches (only when it has no problem),
-    problems and warnings (unknown fields, duplicates)."""
+    problems and warnings (unknown fields). Branches without a priority (absent or 0)
+    get ``default_priority``."""
     notes = Notes(source)
-    data = parse_yaml(text, notes)
-    if data is None:
+    data = parse_yaml(text, notes, unique_keys=True)
+    if notes.problems:
         return ParsedDocument((), tuple(notes.problems), tuple(notes.warnings))
+    if data is None:  # empty, or comments alone: Go reads it as no branch at all
+        return ParsedDocument((), (), tuple(notes.warnings))
     if not _looks_like_collectors(data):  # a wrong file: no line of it is quoted
         notes.error("", f"{_NOT_COLLECTORS}, got {_shape(data)}; check --config")
         return ParsedDocument((), tuple(notes.problems), ())
     collectors = [
         branch
         for key, body in (data.items() if isinstance(data, dict) else ())
-        if (branch := read_branch(notes, key, body, file_index)) is not None
+        if (branch := read_branch(notes, key, body, default_priority)) is not None
     ]
     if notes.problems:
         collectors = []
@@ -86,14 +94,20 @@ def _shape(data: object) -> str:
 
 
 def _load_directory(path: str) -> Definitions:
-    """Merge every YAML file of a directory, skipping (and reporting) bad files."""
-    files = _yaml_files(path)
+    """Merge every YAML file of a directory, skipping (and reporting) bad files.
+
+    As in Go, the n-th file read without a problem (n = 1, 2, …) gives its branches
+    without a priority 100 + n, a directory without any YAML file gives no branch (a
+    warning), and one whose YAML files give none is refused.
+    """
+    files, problems = _yaml_files(path)
+    specials = len(problems)
     merged: dict[str, Collector] = {}
-    problems: list[Problem] = []
-    warnings: list[str] = []
-    skipped: list[str] = []
-    for index, file in enumerate(files):
-        parsed = _read_file(file, index)
+    warnings = [f"{problem}; skipped" for problem in problems]
+    skipped = [problem.location for problem in problems]
+    read = 0
+    for file in files:
+        parsed = _read_file(file, PRIORITY_BASE + read + 1)
         warnings.extend(parsed.warnings)
         if parsed.problems:
             skipped.append(file)
@@ -101,39 +115,56 @@ def _load_directory(path: str) -> Definitions:
             warnings.append(f"{file}: skipped, {len(parsed.problems)} problem(s):")
             warnings.extend(f"  {problem}" for problem in parsed.problems)
             continue
-        for collector in parsed.collectors:
-            if (earlier := merged.get(collector.key)) is not None:
-                key = shorten(collector.key)
-                warnings.append(f"{file}: {key} replaces the one from {earlier.source}")
-            merged[collector.key] = collector
-    if not merged:
+        read += 1
+        _merge(merged, parsed.collectors, warnings)
+    if not files and not specials:
+        warnings.append(f"{path}: directory has no *.yml or *.yaml collector file; {_SERVED}")
+    elif not merged:
+        entries = len(files) + specials
         problems = problems or [Problem(path, "no collector branch in any of its YAML files")]
-        raise ConfigError(problems, f"{path}: no valid collector in {len(files)} file(s)")
+        raise ConfigError(problems, f"{path}: no valid collector in {entries} file(s)")
     ordered = _ordered(merged.values())
     warnings.extend(_kind_conflicts(ordered))
     return Definitions(ordered, tuple(files), tuple(skipped), tuple(warnings))
 
 
-def _yaml_files(path: str) -> list[str]:
-    """``*.yml``/``*.yaml`` regular files of a directory, in name order (not recursive)."""
+def _merge(merged: dict[str, Collector], collectors: Iterable[Collector], out: list[str]) -> None:
+    """Add a file's branches: a key seen in an earlier file is replaced, with a warning."""
+    for collector in collectors:
+        if (earlier := merged.get(collector.key)) is not None:
+            key = shorten(collector.key)
+            out.append(f"{collector.source}: {key} replaces the one from {earlier.source}")
+        merged[collector.key] = collector
+
+
+def _yaml_files(path: str) -> tuple[list[str], list[Problem]]:
+    """``*.yml``/``*.yaml`` entries of a directory in name order (not recursive): the
+    regular files, and a problem for each other entry (a FIFO, a device, a directory,
+    a link to nothing), which is skipped without being opened."""
     try:
         names = sorted(os.listdir(path))
     except OSError as exc:
         raise ConfigError([Problem(path, f"cannot list directory: {exc.strerror}")]) from exc
-    files = [os.path.join(path, n) for n in names if n.endswith(YAML_SUFFIXES)]
-    files = [f for f in files if os.path.isfile(f)]
-    if not files:
-        raise ConfigError([Problem(path, "directory has no *.yml or *.yaml collector file")])
-    return files
+    files: list[str] = []
+    problems: list[Problem] = []
+    for name in names:
+        if name.endswith(YAML_SUFFIXES):
+            entry = os.path.join(path, name)
+            reason = entry_kind(entry)
+            if reason is None:
+                files.append(entry)
+            else:
+                problems.append(Problem(entry, reason))
+    return files, problems
 
 
-def _read_file(path: str, index: int) -> ParsedDocument:
+def _read_file(path: str, default_priority: int) -> ParsedDocument:
     """One file's text validated; an unreadable or oversized file is a problem of its own."""
     notes = Notes(path)
     text = read_text(path, notes, "check --config or PG_EXPORTER_CONFIG")
     if text is None:
         return ParsedDocument((), tuple(notes.problems))
-    return read_document(text, path, index)
+    return read_document(text, path, default_priority)
 
 
 def _ordered(collectors: Iterable[Collector]) -> tuple[Collector, ...]:
@@ -172,7 +203,10 @@ def load_for_settings(settings: Settings) -> Definitions:
     assert settings.config is not None  # the CLI always resolves it
     if not os.path.exists(settings.config):
         origin = f" (from {settings.config_origin})" if settings.config_origin else ""
-        raise ConfigError([], f"config path {settings.config!r}{origin} does not exist")
+        what = "does not exist"
+        if os.path.lexists(settings.config):
+            what = "is a symbolic link that leads nowhere (its target is missing, or links loop)"
+        raise ConfigError([], f"config path {settings.config!r}{origin} {what}")
     definitions = load_definitions(settings.config)
     clashes = const_label_problems(
         definitions.collectors,

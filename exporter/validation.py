@@ -16,13 +16,13 @@ from exporter.columns import METRIC_NAME, is_number, read_metrics
 from exporter.definitions import (
     DEFAULT_TIMEOUT,
     MAX_SECONDS,
-    PRIORITY_BASE,
     Collector,
     Predicate,
     Usage,
 )
 from exporter.errors import Problem, excerpt, shorten
 from exporter.problems import Notes, kind_of
+from exporter.sqltext import collector_sql_problem
 
 BRANCH_FIELDS = frozenset(
     {"name", "desc", "query", "predicate_queries", "ttl", "timeout", "priority"}
@@ -31,11 +31,16 @@ BRANCH_FIELDS = frozenset(
 )
 PREDICATE_FIELDS = frozenset({"name", "predicate_query", "ttl"})
 ARGUMENT_TAGS = ("extension:", "schema:", "dbname:", "username:", "not:")
+# Words that Go's YAML library reads as booleans into a boolean field, quoted or not
+# (YAML 1.1's; PyYAML reads the unquoted yes/no/on/off as booleans already).
+GO_BOOLEANS = dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON"), True)
+GO_BOOLEANS |= dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF"), False)
 VERSION = "a version number such as 90600 or 130000 (0 = open)"
 
 
-def read_branch(notes: Notes, key: object, body: object, file_index: int) -> Collector | None:
-    """One top-level branch as a Collector, or None after noting its problems."""
+def read_branch(notes: Notes, key: object, body: object, default_priority: int) -> Collector | None:
+    """One top-level branch as a Collector, or None after noting its problems; without a
+    priority (absent or 0) it gets ``default_priority``."""
     if not isinstance(key, str) or not key.strip():
         notes.error(str(key), "a branch key must be a non-blank string; quote it")
         return None
@@ -48,10 +53,12 @@ def read_branch(notes: Notes, key: object, body: object, file_index: int) -> Col
     query = body.get("query")
     if not isinstance(query, str) or not query.strip():
         notes.error(f"{key}.query", "query is required: the SQL whose rows become metrics")
+    else:
+        _check_sql(notes, f"{key}.query", query)
     columns = read_metrics(notes, key, name, body.get("metrics"))
     predicates = _read_predicates(notes, key, body.get("predicate_queries"))
     tags = _read_tags(notes, f"{key}.tags", body.get("tags"))
-    scheduling = _read_scheduling(notes, key, body, file_index)
+    scheduling = _read_scheduling(notes, key, body, default_priority)
     if len(notes.problems) > before:
         return None
     desc = body.get("desc")
@@ -74,6 +81,12 @@ def read_branch(notes: Notes, key: object, body: object, file_index: int) -> Col
         max_series=scheduling.max_series,
         backoff_ceiling=scheduling.backoff_ceiling,
     )
+
+
+def _check_sql(notes: Notes, where: str, sql: str) -> None:
+    """A query or predicate that could leave the read-only transaction is refused (D2)."""
+    if (problem := collector_sql_problem(sql)) is not None:
+        notes.error(where, problem)
 
 
 def _read_prefix(notes: Notes, key: str, value: object) -> str:
@@ -111,6 +124,7 @@ def _read_predicates(notes: Notes, key: str, raw: object) -> tuple[Predicate, ..
         if not isinstance(sql, str) or not sql.strip():
             notes.error(f"{at}.predicate_query", "blank predicate: give SQL returning one boolean")
             continue
+        _check_sql(notes, f"{at}.predicate_query", sql)
         name = item.get("name")
         label = name if isinstance(name, str) and name.strip() else f"predicate {index}"
         ttl = _read_seconds(notes, f"{at}.ttl", item.get("ttl"))
@@ -133,17 +147,19 @@ class Scheduling:
     backoff_ceiling: float | None
 
 
-def _read_scheduling(notes: Notes, key: str, body: dict[Any, Any], index: int) -> Scheduling:
+def _read_scheduling(
+    notes: Notes, key: str, body: dict[Any, Any], default_priority: int
+) -> Scheduling:
     """ttl, timeout, priority, version range, flags, max_series and backoff_ceiling."""
-    priority = _read_int(notes, f"{key}.priority", body.get("priority"), None)
-    min_version = _read_int(notes, f"{key}.min_version", body.get("min_version"), 0, VERSION)
-    max_version = _read_int(notes, f"{key}.max_version", body.get("max_version"), 0, VERSION)
+    priority = _read_go_int(notes, f"{key}.priority", body.get("priority"), None)
+    min_version = _read_go_int(notes, f"{key}.min_version", body.get("min_version"), 0, VERSION)
+    max_version = _read_go_int(notes, f"{key}.max_version", body.get("max_version"), 0, VERSION)
     if min_version and max_version and min_version >= max_version:
         notes.warn(key, f"min_version {min_version} >= max_version {max_version}: never planned")
     return Scheduling(
         ttl=_read_seconds(notes, f"{key}.ttl", body.get("ttl")),
         timeout=_read_timeout(notes, f"{key}.timeout", body.get("timeout")),
-        priority=priority or PRIORITY_BASE + index,
+        priority=priority or default_priority,
         min_version=min_version or 0,
         max_version=max_version or 0,
         fatal=_read_bool(notes, f"{key}.fatal", body.get("fatal")),
@@ -209,10 +225,27 @@ def _read_int(
     return value
 
 
+def _read_go_int(
+    notes: Notes, where: str, value: object, minimum: int | None, what: str = "an integer"
+) -> int | None:
+    """An integer field as Go reads one: a number with a fraction loses it (9.6 is 9),
+    which is said, since a version written 9.6 is read as 9 and not as 90600."""
+    if isinstance(value, float) and math.isfinite(value) and abs(value) < 2**63:
+        whole = int(value)  # toward zero, as Go's conversion
+        if whole != value:
+            notes.warn(
+                where, f"{value!r} is read as {whole}, as the Go exporter does; write {what}"
+            )
+        value = whole
+    return _read_int(notes, where, value, minimum, what)
+
+
 def _read_bool(notes: Notes, where: str, value: object) -> bool:
-    """An optional flag that must be a real YAML boolean."""
+    """An optional flag: a YAML boolean, or a word Go's YAML library reads as one."""
     if value is None or isinstance(value, bool):
         return bool(value)
+    if isinstance(value, str) and value in GO_BOOLEANS:
+        return GO_BOOLEANS[value]
     notes.error(where, f"expected true or false, got {kind_of(value)}")
     return False
 

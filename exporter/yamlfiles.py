@@ -58,7 +58,7 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str, bounds: Bounds = COLLECTOR_BOUNDS) -> None:
         super().__init__(stream)
         self.bounds = bounds
-        self.duplicates: list[tuple[str, int]] = []
+        self.duplicates: list[tuple[str, int, int]] = []  # key, its line, the first one's
         self._sizes: dict[int, int] = {}  # id(node) -> characters of its text, aliases expanded
         self._expansion = 0
 
@@ -93,13 +93,14 @@ class _Loader(yaml.SafeLoader):
         return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[str] = set()
+        seen: dict[str, int] = {}  # key -> line
         pairs = node.value if isinstance(node, yaml.MappingNode) else []  # e.g. !!set [1]
         for key_node, _ in pairs:
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                line = key_node.start_mark.line + 1
                 if key_node.value in seen:
-                    self.duplicates.append((key_node.value, key_node.start_mark.line + 1))
-                seen.add(key_node.value)
+                    self.duplicates.append((key_node.value, line, seen[key_node.value]))
+                seen.setdefault(key_node.value, line)
         return super().construct_mapping(node, deep)
 
 
@@ -132,9 +133,15 @@ _prefer_resolver(_FLOAT_TAG, _EXPONENT_FLOAT, "-+.0123456789")
 _Loader.add_constructor(_INT_TAG, _construct_int)
 
 
-def parse_yaml(text: str, notes: Notes, bounds: Bounds = COLLECTOR_BOUNDS) -> Any:
+def parse_yaml(
+    text: str, notes: Notes, bounds: Bounds = COLLECTOR_BOUNDS, *, unique_keys: bool = False
+) -> Any:
     """The document's data under the loader's limits (aliases, size, values), or None
-    after noting a syntax error (with its line): for any YAML file the exporter reads."""
+    after noting a syntax error (with its line): for any YAML file the exporter reads.
+
+    A key repeated in one mapping is a problem with ``unique_keys`` (the Go exporter's
+    YAML library refuses a collector file so), else a warning that the last one wins.
+    """
     loader: _Loader | None = None
     try:
         loader = _Loader(text, bounds)  # refuses control characters already
@@ -155,10 +162,16 @@ def parse_yaml(text: str, notes: Notes, bounds: Bounds = COLLECTOR_BOUNDS) -> An
     finally:
         if loader is not None:
             loader.dispose()
-    for key, line in loader.duplicates:
-        notes.warn(
-            f"line {line}", f"key {excerpt(key)} appears twice in one mapping; the last one wins"
-        )
+    for key, line, first in loader.duplicates:
+        if unique_keys:
+            notes.error(
+                f"line {line}",
+                f"key {excerpt(key)} is already defined at line {first} of the same mapping; "
+                "keep one of them (the Go exporter refuses such a file too)",
+            )
+        else:
+            message = f"key {excerpt(key)} appears twice in one mapping; the last one wins"
+            notes.warn(f"line {line}", message)
     return data
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 import yaml
 
+from exporter.cli import main
 from exporter.definitions import Collector, Column, Definitions, Predicate, Usage
 from exporter.dryrun import render_definitions
 from exporter.loading import load_definitions
@@ -151,3 +153,20 @@ def test_non_ascii_text_is_written_as_is() -> None:
     """Descriptions in other scripts stay readable, not ``\\u`` escapes."""
     text = render_definitions(Definitions((_collector(desc="размер базы"),)))
     assert "desc: размер базы" in text
+
+
+def test_dry_run_refuses_a_predicate_that_could_leave_the_read_only_transaction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29's predicate (BEGIN READ WRITE; INSERT; COMMIT; SELECT true) is refused by
+    --dry-run, exit 1, the message naming the collector's predicate and why (D2)."""
+    path = tmp_path / "c.yml"
+    path.write_text(
+        "writer:\n  query: SELECT 1 AS v\n  predicate_queries:\n"
+        "    - {name: p, predicate_query: 'BEGIN READ WRITE; INSERT INTO t VALUES (1); "
+        "COMMIT; SELECT true'}\n  metrics:\n    - v: {usage: GAUGE}\n"
+    )
+    assert main(["--dry-run", "-c", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:writer.predicate_queries[0].predicate_query: several statements, " in err
+    assert "could commit and write outside the read-only transaction" in err

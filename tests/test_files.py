@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.files import FileRefused, read_regular
+from exporter.files import FileRefused, entry_kind, read_regular
 
 
 def test_a_regular_file_is_read_whole(tmp_path: Path) -> None:
@@ -64,3 +64,36 @@ def test_missing_and_binary_files_say_why(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfeZq9")
     with pytest.raises(FileRefused, match=r"^it is not UTF-8 text$"):
         read_regular(str(binary), 64)
+
+
+def _entries(directory: Path) -> dict[str, Path]:
+    """One entry of each kind a config directory may hold by mistake, made for real."""
+    os.mkfifo(directory / "fifo.yml")
+    (directory / "zero.yml").symlink_to("/dev/zero")
+    (directory / "loop-a.yml").symlink_to("loop-b.yml")
+    (directory / "loop-b.yml").symlink_to("loop-a.yml")
+    (directory / "dangling.yml").symlink_to("gone.yml")
+    (directory / "sub.yml").mkdir()
+    (directory / "file.yml").write_text("x: 1\n")
+    (directory / "link.yml").symlink_to("file.yml")
+    return {path.name: path for path in directory.iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("fifo.yml", "it is a FIFO, not a regular file"),
+        ("zero.yml", "it is a symbolic link to a character device, not a regular file"),
+        ("loop-a.yml", "it is a symbolic link in a loop"),
+        ("dangling.yml", "it is a symbolic link to 'gone.yml', which does not exist"),
+        ("sub.yml", "it is a directory, not a regular file"),
+        ("file.yml", None),
+        ("link.yml", None),
+    ],
+)
+def test_entry_kind_says_what_an_entry_is_without_opening_it(
+    tmp_path: Path, name: str, kind: str | None
+) -> None:
+    """A FIFO, a device, a loop, a link to nothing, a directory: each named; files pass."""
+    entries = _entries(tmp_path)
+    assert entry_kind(str(entries[name])) == kind

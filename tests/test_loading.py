@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import textwrap
+import threading
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from exporter.definitions import DEFAULT_TIMEOUT, Collector, Column, Predicate, Usage
+from exporter.definitions import DEFAULT_TIMEOUT, Collector, Column, Definitions, Predicate, Usage
 from exporter.errors import ConfigError, Problem
-from exporter.loading import load_definitions, read_document
+from exporter.loading import load_definitions, load_for_settings, read_document
+from exporter.settings import Settings
 from exporter.yamlfiles import MAX_ALIAS_EXPANSION, MAX_FILE_CHARS, MAX_VALUES
 
 GAUGE_ONLY = "metrics: [{v: {usage: GAUGE}}]"
@@ -106,16 +109,47 @@ def test_full_branch_becomes_frozen_collector() -> None:
     )
 
 
-def test_name_defaults_to_key_and_priority_to_file_position() -> None:
-    """Without name the key is the prefix; without priority the k-th file gives 100 + k."""
-    (collector,) = parse(branch(), index=3)
+def test_name_defaults_to_key_and_priority_to_the_files_default() -> None:
+    """Without name the key is the prefix; without priority the file's default applies."""
+    (collector,) = parse(branch(), index=103)
     assert (collector.name, collector.priority) == ("b", 103)
 
 
 def test_priority_zero_counts_as_absent() -> None:
     """``priority: 0`` gets the file default, as the Go exporter's zero value does."""
-    (collector,) = parse(branch("priority: 0"), index=2)
+    (collector,) = parse(branch("priority: 0"), index=102)
     assert collector.priority == 102
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "read"),
+    [("min_version", "9.6", 9), ("max_version", "130000.9", 130000), ("priority", "1.5", 1)],
+)
+def test_an_integer_with_a_fraction_loses_it_with_a_warning(
+    field: str, value: str, read: int
+) -> None:
+    """Go reads ``min_version: 9.6`` as 9 (every server passes): so do we, and say so."""
+    parsed = read_document(branch(f"{field}: {value}"), "c.yml", 0)
+    (collector,) = parsed.collectors
+    assert getattr(collector, field) == read
+    assert any(f"c.yml:b.{field}: {value} is read as {read}" in w for w in parsed.warnings)
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [("y", True), ("'yes'", True), ("'ON'", True), ("n", False), ("'off'", False)],
+)
+def test_flags_take_the_words_gos_yaml_reads_as_booleans(value: str, read: bool) -> None:
+    """``fatal: y`` or ``fatal: 'yes'`` is true to Go's YAML library, so to us too."""
+    (collector,) = parse(branch(f"fatal: {value}\nskip: {value}"))
+    assert (collector.fatal, collector.skip) == (read, read)
+
+
+def test_a_columns_name_field_names_the_result_column() -> None:
+    """``- v: {name: w, usage: GAUGE}`` reads column w, as the Go exporter does."""
+    (collector,) = parse(branch(metrics="metrics: [{v: {name: w, usage: GAUGE}}]"))
+    assert [c.name for c in collector.columns] == ["w"]
+    assert collector.metric_name(collector.columns[0]) == "b_w"
 
 
 @pytest.mark.parametrize(
@@ -179,12 +213,19 @@ def test_unknown_fields_are_warnings_not_problems() -> None:
     assert "unknown field" in joined
 
 
-def test_duplicate_keys_are_warned_with_line() -> None:
-    """A key repeated in one mapping is a warning naming its line; the last one wins."""
+def test_a_duplicate_branch_key_refuses_the_file_naming_both_lines() -> None:
+    """A key repeated in one mapping is a problem, as Go's YAML library makes it."""
     text = branch() + "b:\n  query: SELECT 2\n  " + GAUGE_ONLY + "\n"
-    parsed = read_document(text, "c.yml", 0)
-    assert [c.query for c in parsed.collectors] == ["SELECT 2"]
-    assert any("c.yml:line 4" in w and "'b'" in w for w in parsed.warnings)
+    assert problems_of(text) == {
+        "c.yml:line 4": "key 'b' is already defined at line 1 of the same mapping; keep one "
+        "of them (the Go exporter refuses such a file too)"
+    }
+
+
+def test_a_duplicate_field_refuses_the_file() -> None:
+    """Not only branch keys: ``{usage: GAUGE, usage: LABEL}`` is refused too."""
+    found = problems_of(branch(metrics="metrics: [{v: {usage: GAUGE, usage: LABEL}}]"))
+    assert "key 'usage' is already defined at line 3" in found["c.yml:line 3"]
 
 
 def test_empty_document_has_no_branches_and_no_problems() -> None:
@@ -233,11 +274,10 @@ def test_query_is_required_and_not_blank(query: str) -> None:
         ("ttl", "soon", "seconds >= 0"),
         ("timeout", "fast", "expected seconds"),
         ("priority", "high", "expected an integer"),
-        ("priority", "1.5", "expected an integer"),
         ("min_version", "'9.6'", "version number"),
-        ("max_version", "9.6", "version number"),
+        ("max_version", "'130000'", "version number"),
         ("min_version", "-1", "at least 0"),
-        ("fatal", "'yes'", "true or false"),
+        ("fatal", "'true'", "true or false"),
         ("skip", "1", "true or false"),
         ("max_series", "0", "at least 1"),
         ("max_series", "many", "expected an integer"),
@@ -322,10 +362,23 @@ def test_histogram_buckets(bucket: str, expected: str) -> None:
     assert expected in found["c.yml:b.metrics[0].bucket"]
 
 
-def test_bucket_on_non_histogram_column() -> None:
-    """bucket on a GAUGE is rejected rather than silently ignored."""
-    found = column_problems("v: {usage: GAUGE, bucket: [1, 2]}")
-    assert "only for HISTOGRAM" in found["c.yml:b.metrics[0].bucket"]
+@pytest.mark.parametrize("usage", ["GAUGE", "COUNTER", "LABEL", "DISCARD"])
+def test_bucket_on_non_histogram_column_is_ignored_with_a_warning(usage: str) -> None:
+    """bucket on another column is ignored, as by Go, and the log says so."""
+    metrics = f"metrics: [{{c: {{usage: {usage}, bucket: [1, 2]}}}}, {{v: {{usage: GAUGE}}}}]"
+    parsed = read_document(branch(metrics=metrics), "c.yml", 0)
+    (collector,) = parsed.collectors
+    assert collector.columns[0].buckets == ()
+    assert parsed.warnings == (
+        f"c.yml:b.metrics[0].bucket: bucket is read only for a HISTOGRAM column; ignored on "
+        f"a {usage} column: remove it",
+    )
+
+
+def test_bucket_that_is_no_list_of_numbers_is_refused_on_any_column() -> None:
+    """Go's YAML library cannot read it into its list of numbers: the file is refused."""
+    found = column_problems("v: {usage: GAUGE, bucket: fast}")
+    assert found["c.yml:b.metrics[0].bucket"] == "bucket must be a list of numbers, got 'fast'"
 
 
 def test_duplicate_column() -> None:
@@ -460,12 +513,15 @@ def simple(key: str, query: str = "SELECT 1", extra: str = "") -> str:
 
 
 def test_single_file_loads(tmp_path: Path) -> None:
-    """A single valid file gives its branches, sorted by (priority, key)."""
+    """A single valid file gives its branches, sorted by (priority, key): without a
+    priority a branch keeps 0 there, as in Go, and runs before one of priority 5."""
     path = write(
         tmp_path, "pg.yml", simple("zz") + simple("aa") + simple("mm", extra="  priority: 5\n")
     )
     definitions = load_definitions(path)
-    assert [c.key for c in definitions.collectors] == ["mm", "aa", "zz"]
+    assert [(c.key, c.priority) for c in definitions.collectors] == [
+        ("aa", 0), ("zz", 0), ("mm", 5)
+    ]  # fmt: skip
     assert definitions.sources == (path,)
     assert all(c.source == path for c in definitions.collectors)
 
@@ -479,11 +535,14 @@ def test_single_file_with_problems_raises_all_of_them(tmp_path: Path) -> None:
     assert locations == {f"{path}:a.query", f"{path}:a.metrics", f"{path}:b"}
 
 
-def test_single_file_without_branches_is_an_error(tmp_path: Path) -> None:
-    """An empty collector file gives an exporter with nothing to do: rejected."""
-    path = write(tmp_path, "pg.yml", "# empty\n")
-    with pytest.raises(ConfigError, match="no collector branch"):
-        load_definitions(path)
+@pytest.mark.parametrize("text", ["", "# nothing yet\n", "---\n"])
+def test_single_file_without_branches_is_accepted_with_a_warning(tmp_path: Path, text: str) -> None:
+    """An empty or comment-only file serves the exporter's own metrics, as Go does."""
+    path = write(tmp_path, "pg.yml", text)
+    definitions = load_definitions(path)
+    assert definitions.collectors == ()
+    (warning,) = definitions.warnings
+    assert warning.startswith(f"{path}: no collector branch (the file is empty or all comments)")
 
 
 def test_missing_path_names_it(tmp_path: Path) -> None:
@@ -513,10 +572,10 @@ def test_directory_merges_in_name_order(tmp_path: Path) -> None:
     definitions = load_definitions(str(tmp_path))
     shared = {c.key: c for c in definitions.collectors}.get("shared")
     assert shared is not None
-    assert (shared.query, shared.priority) == ("SELECT 'late'", 101)
+    assert (shared.query, shared.priority) == ("SELECT 'late'", 102)
     assert shared.source == str(tmp_path / "0200-b.yml")
     assert [c.key for c in definitions.collectors] == ["only_a", "only_b", "shared"]
-    assert [c.priority for c in definitions.collectors] == [100, 101, 101]
+    assert [c.priority for c in definitions.collectors] == [101, 102, 102]
     assert any("replaces" in w and "shared" in w for w in definitions.warnings)
 
 
@@ -525,7 +584,7 @@ def test_directory_explicit_priority_wins(tmp_path: Path) -> None:
     write(tmp_path, "a.yml", simple("first"))
     write(tmp_path, "b.yml", simple("second", extra="  priority: 1\n"))
     definitions = load_definitions(str(tmp_path))
-    assert [(c.key, c.priority) for c in definitions.collectors] == [("second", 1), ("first", 100)]
+    assert [(c.key, c.priority) for c in definitions.collectors] == [("second", 1), ("first", 101)]
 
 
 def test_directory_reads_only_yaml_files(tmp_path: Path) -> None:
@@ -541,12 +600,14 @@ def test_directory_reads_only_yaml_files(tmp_path: Path) -> None:
 
 
 def test_directory_skips_and_reports_bad_file(tmp_path: Path) -> None:
-    """A bad file is skipped and reported; file positions (priorities) stay the same."""
+    """A bad file is skipped and reported, and counts for no priority: as in Go, the
+    n-th file read without a problem gives 100 + n, an empty one included."""
     write(tmp_path, "a.yml", simple("a"))
     bad = write(tmp_path, "b.yml", "b:\n  query: SELECT 1\n  metrics: [{v: {usage: NOPE}}]\n")
-    write(tmp_path, "c.yml", simple("c"))
+    write(tmp_path, "c.yml", "# empty for now\n")
+    write(tmp_path, "d.yml", simple("d"))
     definitions = load_definitions(str(tmp_path))
-    assert [(c.key, c.priority) for c in definitions.collectors] == [("a", 100), ("c", 102)]
+    assert [(c.key, c.priority) for c in definitions.collectors] == [("a", 101), ("d", 103)]
     assert definitions.skipped_files == (bad,)
     assert any(f"{bad}:b.metrics[0].usage" in w for w in definitions.warnings)
 
@@ -562,12 +623,26 @@ def test_directory_without_valid_collector_lists_every_problem(tmp_path: Path) -
     assert any(location.startswith(f"{first}:line") for location in locations)
 
 
-def test_directory_without_yaml_files_is_an_error(tmp_path: Path) -> None:
-    """A directory with no collector file is a ConfigError naming the directory."""
+def test_directory_without_yaml_files_is_accepted_with_a_warning(tmp_path: Path) -> None:
+    """A directory with no collector file serves the exporter's own metrics, as in Go."""
     write(tmp_path, "notes.txt", "x")
+    definitions = load_definitions(str(tmp_path))
+    assert definitions.collectors == ()
+    assert definitions.warnings == (
+        f"{tmp_path}: directory has no *.yml or *.yaml collector file; only the exporter's "
+        "own metrics are served",
+    )
+
+
+def test_directory_of_empty_yaml_files_is_refused(tmp_path: Path) -> None:
+    """YAML files that give no branch at all: refused, as Go refuses them."""
+    write(tmp_path, "a.yml", "")
+    write(tmp_path, "b.yml", "# later\n")
     with pytest.raises(ConfigError) as caught:
         load_definitions(str(tmp_path))
-    assert caught.value.problems[0].location == str(tmp_path)
+    assert list(caught.value.problems) == [
+        Problem(str(tmp_path), "no collector branch in any of its YAML files")
+    ]
 
 
 def test_directory_path_kept_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -638,11 +713,11 @@ def test_a_long_branch_key_keeps_the_location_format() -> None:
     assert all(location.startswith("c.yml:kkk") and len(location) < 200 for location in problems)
 
 
-def test_a_long_duplicate_key_is_warned_as_an_excerpt() -> None:
-    """The duplicate-key warning quotes an excerpt of the key, not the whole of it."""
+def test_a_long_duplicate_key_is_quoted_as_an_excerpt() -> None:
+    """The duplicate-key problem quotes an excerpt of the key, not the whole of it."""
     key = "d" * 10_000
     parsed = read_document(branch(f"? {key}\n: 1\n? {key}\n: 2"), "c.yml", 0)
-    (duplicate,) = [w for w in parsed.warnings if "appears twice" in w]
+    (duplicate,) = [str(p) for p in parsed.problems if "already defined" in p.message]
     assert "(10000 characters)" in duplicate
     assert len(duplicate) < 300
 
@@ -745,3 +820,89 @@ def test_a_url_or_hash_in_a_branch_key_or_value_is_masked() -> None:
     )
     assert "c.yml:postgresql://u:xxxxx@h/db" in found
     assert all("Zq9" not in f"{where} {message}" for where, message in found.items())
+
+
+# --- entries that are not regular files (issue 29 finding 8) -------------------------
+
+
+def _in_thread(function: Callable[[], object]) -> object:
+    """``function()``'s result or exception, failing the test if it is still at work after
+    10 s: a FIFO opened for reading would wait there for a writer for ever."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(function())
+        except Exception as exc:  # handed to the test
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "loading blocked"
+    return outcome[0]
+
+
+def _stray(directory: Path, kind: str) -> Path:
+    """Make a stray ``entry.yml`` of the given kind in ``directory``."""
+    entry = directory / "entry.yml"
+    if kind == "fifo":
+        os.mkfifo(entry)
+    elif kind == "directory":
+        entry.mkdir()
+    elif kind == "loop":
+        entry.symlink_to("other.yml")
+        (directory / "other.yml").symlink_to("entry.yml")
+    else:
+        entry.symlink_to({"zero": "/dev/zero", "dangling": "gone.yml"}[kind])
+    return entry
+
+
+STRAYS = {
+    "fifo": "it is a FIFO, not a regular file",
+    "zero": "it is a symbolic link to a character device, not a regular file",
+    "loop": "it is a symbolic link in a loop",
+    "dangling": "it is a symbolic link to 'gone.yml', which does not exist",
+    "directory": "it is a directory, not a regular file",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STRAYS))
+def test_a_stray_entry_in_a_directory_is_skipped_with_a_warning(tmp_path: Path, kind: str) -> None:
+    """A FIFO, a link to /dev/zero, a link loop or to nothing, a directory named *.yml:
+    skipped at once with a warning naming it and why; the other files load."""
+    write(tmp_path, "good.yml", simple("good"))
+    entry = _stray(tmp_path, kind)
+    definitions = _in_thread(lambda: load_definitions(str(tmp_path)))
+    assert isinstance(definitions, Definitions)
+    assert [c.key for c in definitions.collectors] == ["good"]
+    assert f"{entry}: {STRAYS[kind]}; skipped" in definitions.warnings
+    assert str(entry) in definitions.skipped_files
+
+
+def test_a_directory_of_stray_entries_alone_is_refused(tmp_path: Path) -> None:
+    """Nothing but a FIFO: refused as a directory whose YAML files give no collector."""
+    entry = _stray(tmp_path, "fifo")
+    caught = _in_thread(lambda: load_definitions(str(tmp_path)))
+    assert isinstance(caught, ConfigError)
+    assert list(caught.problems) == [Problem(str(entry), STRAYS["fifo"])]
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("fifo", "cannot read the file: it is a FIFO, not a regular file"),
+        ("zero", "cannot read the file: it is a character device, not a regular file"),
+        ("loop", "is a symbolic link that leads nowhere (its target is missing, or links loop)"),
+        ("dangling", "is a symbolic link that leads nowhere"),
+    ],
+)
+def test_a_config_path_that_is_no_file_is_a_clear_error(
+    tmp_path: Path, kind: str, message: str
+) -> None:
+    """--config naming a FIFO, /dev/zero or a broken link: an error at once, not a hang."""
+    entry = _stray(tmp_path, kind)
+    settings = Settings(config=str(entry))
+    caught = _in_thread(lambda: load_for_settings(settings))
+    assert isinstance(caught, ConfigError)
+    assert message in "\n".join([str(caught), *map(str, caught.problems)])

@@ -12,15 +12,15 @@ BODY = {"query": "SELECT 1", "metrics": [{"d": {"usage": "LABEL"}}, {"v": {"usag
 
 
 def _branch(
-    body: object, key: object = "pg_x", file_index: int = 0
+    body: object, key: object = "pg_x", default_priority: int = 0
 ) -> tuple[Collector | None, Notes]:
     notes = Notes("c.yml")
-    return read_branch(notes, key, body, file_index), notes
+    return read_branch(notes, key, body, default_priority), notes
 
 
 def test_a_minimal_branch_gets_the_documented_defaults() -> None:
     """Name from the key, priority from the file's place, default timeout, no ttl."""
-    collector, notes = _branch(BODY, file_index=3)
+    collector, notes = _branch(BODY, default_priority=PRIORITY_BASE + 3)
     assert notes.problems == []
     assert collector is not None
     assert (collector.name, collector.priority) == ("pg_x", PRIORITY_BASE + 3)
@@ -71,3 +71,20 @@ def test_the_self_metrics_labels_are_taken_unless_they_are_off() -> None:
     found = const_label_problems([], ["query", "datname"], self_metrics=True)
     assert found == [Problem("--label", "datname, query is used by the self-metrics; rename it")]
     assert const_label_problems([], ["query", "datname"], self_metrics=False) == []
+
+
+def test_a_query_or_predicate_of_several_statements_is_refused_where_it_is() -> None:
+    """The query and each predicate are checked, the problem located at its field (D2)."""
+    body = {
+        **BODY,
+        "query": "SELECT 1 AS v; DELETE FROM t",
+        "predicate_queries": [{"predicate_query": "SELECT true"}, {"predicate_query": "BEGIN"}],
+    }
+    collector, notes = _branch(body)
+    assert collector is None
+    assert [p.location for p in notes.problems] == [
+        "c.yml:pg_x.query",
+        "c.yml:pg_x.predicate_queries[1].predicate_query",
+    ]
+    assert notes.problems[0].message.startswith("several statements, where a collector runs one")
+    assert "not a query: it starts with 'BEGIN'" in notes.problems[1].message
