@@ -74,7 +74,6 @@ class Signals:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: Callable[[], None] | None = None
         self._reload: Callable[[], None] | None = None
-        self._timers: list[threading.Timer] = []
         self.stopped_by: signal.Signals | None = None
         self.pending_reload: signal.Signals | None = None  # came before serving
 
@@ -97,12 +96,11 @@ class Signals:
             self._uninstall()
 
     def _uninstall(self) -> None:
+        # An exit a stop signal armed stays armed: the process is on its way out, and
+        # Python's own exit would wait for a stuck thread without limit.
         waiter, self._waiter = self._waiter, None
         self._closing = True
-        for timer in self._timers:
-            timer.cancel()
-        self._timers.clear()
-        if waiter is not None and waiter.ident is not None:
+        if waiter is not None and waiter.ident is not None and waiter.is_alive():
             signal.pthread_kill(waiter.ident, signal.SIGUSR1)  # wakes sigwait to see _closing
             waiter.join(EXIT_DEADLINE)
         signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
@@ -112,7 +110,10 @@ class Signals:
             signum = signal.sigwait(TAKEN)
             if self._closing:
                 return
-            self.deliver(signal.Signals(signum))
+            try:
+                self.deliver(signal.Signals(signum))
+            except Exception:  # the waiter must outlive any one signal, or none is heard
+                log.exception("acting on %s failed", signal.Signals(signum).name)
 
     def deliver(self, sig: signal.Signals) -> None:
         """Act on ``sig`` as the waiter does when it takes it."""
@@ -136,11 +137,11 @@ class Signals:
             self.stopped_by = sig
         if loop is not None and stop is not None and _call_soon(loop, stop):
             if first:
-                self._timers.append(exit_within(STOP_DEADLINE, 0))
+                exit_within(STOP_DEADLINE, 0)
             return
         log.info("%s while starting: stopping", sig.name)
         if first:
-            self._timers.append(exit_within(EXIT_DEADLINE, self.exit_code()))
+            exit_within(EXIT_DEADLINE, self.exit_code())
         _thread.interrupt_main()  # KeyboardInterrupt in the main thread, at its next bytecode
 
     def exit_code(self) -> int:
