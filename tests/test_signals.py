@@ -7,10 +7,12 @@ signalled while its first contact is held, is in tests/integration/test_early_si
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from exporter.signals import EXIT_DEADLINE, Signals
 
 REPO = Path(__file__).resolve().parents[1]
 MARGIN = 10.0  # seconds beyond a deadline, for a busy shared machine
+DEADLINE = 30.0  # seconds for a condition to come about
 
 _PRELUDE = """
 import asyncio, os, sys, time
@@ -58,18 +61,60 @@ def _ended(process: subprocess.Popen[str], sig: signal.Signals) -> tuple[int, fl
 _BLOCKED_IN_A_SYSTEM_CALL = """
 with signals.SIGNALS.installed():
     readable, _ = os.pipe()
-    print("ready", flush=True)
     try:
+        print("ready", flush=True)
         os.read(readable, 1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the signal came before the read
         sys.exit(signals.SIGNALS.exit_code())
 """
+
+
+def _read_syscall() -> str:
+    """This machine's number for read(2), as /proc/TID/syscall shows a thread in it."""
+    readable, writable = os.pipe()
+    tids: list[int] = []
+
+    def read() -> None:
+        tids.append(threading.get_native_id())
+        os.read(readable, 1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            if tids and (state := _syscall(os.getpid(), tids[0])) is not None:
+                return state
+            time.sleep(0.01)  # polling a condition with a deadline
+        raise AssertionError("the reader thread never blocked in read(2)")
+    finally:
+        os.write(writable, b"x")
+        reader.join()
+        os.close(readable)
+        os.close(writable)
+
+
+def _syscall(pid: int, tid: int) -> str | None:
+    """The system call thread ``tid`` of ``pid`` is blocked in, or None when it runs."""
+    with open(f"/proc/{pid}/task/{tid}/syscall", encoding="ascii") as f:
+        fields = f.read().split()
+    return fields[0] if fields and fields[0] not in ("running", "-1") else None
+
+
+def _blocked(process: subprocess.Popen[str]) -> subprocess.Popen[str]:
+    """Once the process's main thread waits in read(2): the signal finds it there."""
+    number = _read_syscall()
+    deadline = time.monotonic() + DEADLINE
+    while _syscall(process.pid, process.pid) != number:
+        assert time.monotonic() < deadline, "the main thread never blocked in read(2)"
+        time.sleep(0.01)  # polling a condition with a deadline
+    return process
 
 
 def test_reload_signals_while_starting_are_logged_not_fatal() -> None:
     """SIGHUP and SIGUSR1 before the exporter serves are logged and the process lives
     on (the default action would end it); SIGTERM then ends it with 0."""
-    process = _start(_BLOCKED_IN_A_SYSTEM_CALL)
+    process = _blocked(_start(_BLOCKED_IN_A_SYSTEM_CALL))
     for sig in (signal.SIGHUP, signal.SIGUSR1):
         process.send_signal(sig)
     code, _, log = _ended(process, signal.SIGTERM)  # taken after the two, in order
@@ -81,7 +126,7 @@ def test_reload_signals_while_starting_are_logged_not_fatal() -> None:
 def test_sigterm_ends_a_start_held_in_a_system_call() -> None:
     """SIGTERM while the main thread waits in a system call nothing interrupts: the
     process ends with 0 within EXIT_DEADLINE, saying why."""
-    code, took, log = _ended(_start(_BLOCKED_IN_A_SYSTEM_CALL), signal.SIGTERM)
+    code, took, log = _ended(_blocked(_start(_BLOCKED_IN_A_SYSTEM_CALL)), signal.SIGTERM)
     assert code == 0, log
     assert took < EXIT_DEADLINE + MARGIN
     assert "SIGTERM while starting: stopping" in log
@@ -96,8 +141,8 @@ def test_a_stop_signal_interrupts_a_busy_start(sig: signal.Signals, code: int) -
     once, and the exit code a supervisor or a shell expects."""
     busy = """
     with signals.SIGNALS.installed():
-        print("ready", flush=True)
         try:
+            print("ready", flush=True)
             while True:
                 sum(range(1000))
         except KeyboardInterrupt:
