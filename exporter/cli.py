@@ -20,6 +20,7 @@ from exporter.dryrun import render_definitions
 from exporter.errors import ConfigError, InfoRequested, UsageError
 from exporter.logs import configure_logging
 from exporter.settings import Settings
+from exporter.signals import SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     not load; 2 when the exporter cannot be created (config path missing or invalid,
     const-label conflict, ``--fail-fast`` with the target unreachable).
     """
+    try:
+        with SIGNALS.installed():  # before any file is read: signals work from the start
+            return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # SIGINT or SIGTERM while starting
+        return SIGNALS.exit_code()
+
+
+def _main(argv: Sequence[str]) -> int:
     warnings: list[str] = []
     try:
-        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ, warnings)
+        settings = parse_settings(argv, os.environ, warnings)
     except InfoRequested as info:
         print(info.text)
         return 0
@@ -67,8 +76,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:  # UsageError here: e.g. a bad --web.config.file
         print(f"pg_exporter: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) and not settings.dry_run else 1
-    except KeyboardInterrupt:
-        return 130
     except Exception:
         log.exception("pg_exporter stopped on an unexpected error")
         return 1

@@ -22,6 +22,7 @@ from psycopg.adapt import Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format, TransactionStatus
 
+from exporter import libpqfiles
 from exporter.casting import decode_text
 from exporter.definitions import Predicate
 from exporter.errors import PredicateError
@@ -59,7 +60,7 @@ async def connect(
             # pooler its _pg3_N statements (our COMMIT, our preflight) stayed on a server
             # connection an application got next, and its DEALLOCATE ALL after our
             # ROLLBACK dropped the application's own (issue 29).
-            conn = await psycopg.AsyncConnection.connect(
+            conn = await libpqfiles.connect(  # libpq's files examined first (issue 29)
                 conninfo, autocommit=True, prepare_threshold=None
             )
     except TimeoutError:

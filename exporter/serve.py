@@ -1,4 +1,4 @@
-"""Serving: listen, answer signals and tell systemd, until SIGINT or SIGTERM.
+"""Serving: listen, act on signals and tell systemd, until SIGINT or SIGTERM.
 
 The process side of ``pg_exporter`` without ``--dry-run`` or ``--explain``: the
 CLI hands it the settings, the definitions and the web config.
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import os
 import resource
-import signal
 import socket
 import ssl
-import threading
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +24,7 @@ from exporter.declared import Declared
 from exporter.definitions import Definitions
 from exporter.logs import TARGET
 from exporter.settings import ListenAddress, Settings
+from exporter.signals import EXIT_DEADLINE, SIGNALS, exit_within
 from exporter.web.app import create_app, create_fleet_app, make_runner
 from exporter.web.config import WebConfig, ssl_context
 from exporter.web.fleet import FLEET
@@ -46,32 +46,6 @@ def run(
     return asyncio.run(_serve(settings, definitions, web_config or WebConfig(), declared))
 
 
-#: After SIGINT or SIGTERM the process has ended within this many seconds, whatever
-#: still runs: under systemd's default stop timeout (30 s), after which it would kill.
-#: The graceful part (responses in flight, a bounded collector's query) fits in it.
-STOP_DEADLINE = 25.0
-#: Once the server is closed, what may still run is a thread nothing can interrupt
-#: (a file read on a hung mount, a DNS lookup, a bcrypt check); Python would wait for
-#: it at exit, without limit. It gets this long.
-EXIT_DEADLINE = 3.0
-
-
-def exit_within(seconds: float, code: int) -> threading.Timer:
-    """End the process with ``code`` in ``seconds`` unless it has ended by then."""
-
-    def hard_exit() -> None:
-        log.warning("still stopping after %gs (a blocked thread); exiting now", seconds)
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        os._exit(code)
-
-    timer = threading.Timer(seconds, hard_exit)
-    timer.daemon = True  # never what keeps the process alive
-    timer.start()
-    return timer
-
-
 def _raise_fd_limit() -> None:
     """Use the hard limit of open files, as Go programs do: every client holds a socket,
     and systemd's soft default (1024) lets ~1000 idle or slowloris clients block scrapes."""
@@ -84,6 +58,32 @@ def _raise_fd_limit() -> None:
 async def _serve(
     settings: Settings, definitions: Definitions, web_config: WebConfig, declared: Declared | None
 ) -> int:
+    stop = asyncio.Event()
+    # Before anything connects: a signal during the first contact stops or is queued.
+    with SIGNALS.attached(asyncio.get_running_loop(), stop.set):
+        app, runner, tls = await _set_up(settings, definitions, web_config, declared)
+        targets = _to_contact(app, settings, declared)
+        contacted = await _unless_stopped(_first_contact(targets, settings.fail_fast), stop)
+        if contacted is not True:
+            await runner.cleanup()
+            return 0 if contacted is None else 2  # None: stopped before serving
+        try:
+            await _listen(runner, settings, tls)
+        except OSError as exc:
+            log.error("cannot listen: %s", exc)
+            await runner.cleanup()
+            return 1
+        reloads: set[asyncio.Task[ReloadResult]] = set()  # keep references until done
+        SIGNALS.serving(functools.partial(_reload_soon, app[RELOADER], reloads))
+        await _serve_until(stop, runner)
+    exit_within(EXIT_DEADLINE, 0)  # what is left is threads that cannot be interrupted
+    return 0
+
+
+async def _set_up(
+    settings: Settings, definitions: Definitions, web_config: WebConfig, declared: Declared | None
+) -> tuple[web.Application, web.AppRunner, ssl.SSLContext | None]:
+    """The app, its runner set up (which starts a fleet's members) and the TLS context."""
     if declared is None:
         app = create_app(settings, definitions, web_config)
     else:
@@ -92,46 +92,61 @@ async def _serve(
     app[RELOADER].tls_context = tls
     app[RELOADER].rebase()  # the certificate files count from now on
     runner = make_runner(app)
-    await runner.setup()  # starts the fleet's members
-    # A fleet's targets are connected to when first probed, unless --fail-fast wants
-    # them all checked now: a replica of a sharded fleet never connects to the others'.
-    exporters: list[tuple[str | None, Settings, Exporter]] = (
-        [(None, settings, app[STATE].exporter)]
-        if declared is None
-        else [(m.name, m.state.settings, m.state.exporter) for m in app[FLEET].members.values()]
-        if settings.fail_fast
-        else []
-    )
-    if not await _first_contact(exporters, settings.fail_fast):
-        await runner.cleanup()
-        return 2
-    try:
-        await _listen(runner, settings, tls)
-    except OSError as exc:
-        log.error("cannot listen: %s", exc)
-        await runner.cleanup()
-        return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    reloads: set[asyncio.Task[ReloadResult]] = set()  # keep references until done
-    for sig in (signal.SIGHUP, signal.SIGUSR1):  # the Go exporter reloads on both
-        loop.add_signal_handler(sig, _reload_soon, app[RELOADER], reloads)
+    await runner.setup()
+    return app, runner, tls
+
+
+def _to_contact(
+    app: web.Application, settings: Settings, declared: Declared | None
+) -> list[tuple[str | None, Settings, Exporter]]:
+    """The targets to contact at start. A fleet's are connected to when first probed,
+    unless --fail-fast wants them all checked now: a replica of a sharded fleet never
+    connects to the others'."""
+    if declared is None:
+        return [(None, settings, app[STATE].exporter)]
+    if not settings.fail_fast:
+        return []
+    return [(m.name, m.state.settings, m.state.exporter) for m in app[FLEET].members.values()]
+
+
+async def _serve_until(stop: asyncio.Event, runner: web.AppRunner) -> None:
+    """Serve until SIGINT or SIGTERM (which also armed the exit STOP_DEADLINE later)."""
     systemd.ready()
     interval = systemd.watchdog_interval()
     # Pinged from the event loop itself, so a wedged loop stops the pings and
     # systemd restarts the service.
     watchdog = asyncio.create_task(systemd.watchdog_loop(interval)) if interval else None
     await stop.wait()
-    exit_within(STOP_DEADLINE, 0)
     systemd.stopping()
     log.info("shutting down")
     await runner.cleanup()
     if watchdog is not None:
         watchdog.cancel()
-    exit_within(EXIT_DEADLINE, 0)  # what is left is threads that cannot be interrupted
-    return 0
+
+
+#: Seconds spent at most unwinding a first contact that a stop signal interrupted.
+ABANDON_LIMIT = 1.0
+
+
+async def _unless_stopped(work: Awaitable[bool], stop: asyncio.Event) -> bool | None:
+    """What ``work`` returns, or None when ``stop`` is set first. The work is then
+    abandoned, not awaited: a preflight the server never answers must not hold a stop."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not stop.is_set():
+        return task.result()
+    log.info("stopping before serving")
+    # psycopg answers the first cancellation of a query by asking the server to cancel
+    # it and waiting; a further one makes it close the connection at once.
+    deadline = asyncio.get_running_loop().time() + ABANDON_LIMIT
+    while not task.done() and asyncio.get_running_loop().time() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.01)
+    return None
 
 
 async def _listen(runner: web.AppRunner, settings: Settings, tls: ssl.SSLContext | None) -> None:

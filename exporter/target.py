@@ -25,10 +25,13 @@ _URI_PREFIXES = ("postgresql://", "postgres://")  # libpq's, case-sensitive
 
 
 def _libpq_secrets() -> frozenset[str]:
-    """Parameters libpq hides itself: '*' (passwords) and 'D' (debug only, e.g. SCRAM keys)."""
+    """Parameters libpq hides itself: '*' (passwords) and 'D' (debug only, e.g. SCRAM keys).
+
+    Asked of libpq's parser, not of its defaults: PQconndefaults reads the service file
+    $PGSERVICE names, which could be a FIFO, before the variable is cleared (issue 29)."""
     hidden = {
         option.keyword.decode()
-        for option in pq.Conninfo.get_defaults()
+        for option in pq.Conninfo.parse(b"")
         if option.dispchar in (b"*", b"D")
     }
     return frozenset(hidden | {"password", "sslpassword"})  # an older libpq hides these too
@@ -51,6 +54,14 @@ _SECRET = re.compile(
 _URI_HINT = (
     "in a URL, percent-encode special characters of the user name and password "
     "(% as %25, @ as %40, / as %2F, a space as %20)"
+)
+# As $PGSERVICE is cleared at start (exporter.cli), for the same reason, and because the
+# service file is opened when libpq connects, on the event loop (a FIFO there holds it).
+_SERVICE_REFUSED = (
+    "the target URL names a libpq service (service=): libpq would read a service file "
+    "(~/.pg_service.conf or the system's) behind the URL's back, which can name another "
+    "server and files of its own; write the service's host, port, user and database in "
+    "the URL instead"
 )
 _KEYWORD_HINT = "quote a value holding spaces or quotes, with \\ before ' and \\ (password='a b')"
 
@@ -97,6 +108,8 @@ def checked(text: str) -> dict[str, str]:
     except TargetError as exc:
         hint = _URI_HINT if text.startswith(_URI_PREFIXES) else _KEYWORD_HINT
         raise TargetError(f"libpq cannot read the target URL ({exc}); {hint}") from None
+    if "service" in params:
+        raise TargetError(_SERVICE_REFUSED)
     doubt = _implausible(params) if text.startswith(_URI_PREFIXES) else None
     if doubt is not None:  # a password libpq took for a host, port or database
         raise TargetError(

@@ -108,8 +108,8 @@ def test_signals_reload_and_stop_the_process(exporter_process: tuple[Running, Pa
     config (as /reload does); SIGINT ends the process with 0; no password is logged."""
     running, config = exporter_process
     port = int(running.wait_for(r"msg=listening address=127\.0\.0\.1:(\d+)")[1])
-    # Answered, so the signal handlers are in place: they are installed right after
-    # listening, before the event loop serves anything.
+    # Answered, so it serves: reload signals go to the event loop from now on (before,
+    # they were kept for this moment; tests/test_signals.py).
     status, body = _get(port, "/metrics")
     assert status == 200
     assert "\npg_up 0.0\n" in body
@@ -282,6 +282,27 @@ async def test_a_refused_target_stops_the_start_only_with_fail_fast() -> None:
         assert not await serve._first_contact([(None, settings, exporter)], fail_fast=True)
     finally:
         await exporter.close()
+
+
+async def test_a_stop_during_the_first_contact_abandons_it() -> None:
+    """A stop signal while the first contact waits on a server that never answers: it
+    is abandoned at once (None), not awaited; without one the contact's outcome counts."""
+    stop, hanging = asyncio.Event(), asyncio.Event()
+
+    async def never() -> bool:
+        await hanging.wait()
+        return True
+
+    work = asyncio.ensure_future(never())
+    asyncio.get_running_loop().call_soon(stop.set)
+    async with asyncio.timeout(DEADLINE):
+        assert await serve._unless_stopped(work, stop) is None
+    assert work.cancelled()
+
+    async def answers() -> bool:
+        return False
+
+    assert await serve._unless_stopped(answers(), asyncio.Event()) is False
 
 
 # --- small helpers -------------------------------------------------------------------------

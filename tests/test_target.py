@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import string
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -115,6 +119,37 @@ def test_url_misread_by_libpq_is_refused_quoting_none_of_it(url: str, doubt: str
 def test_plausible_urls_are_accepted(url: str) -> None:
     """Encoded passwords, host lists and empty ports read as they look: accepted."""
     assert "Ab3" not in Target.parse(url).masked
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://h/db?service=prod", "service=prod dbname=db", "host=h service="]
+)
+def test_a_libpq_service_is_refused(url: str) -> None:
+    """service= makes libpq read a service file behind the URL's back (issue 29): one that
+    names another server, files of its own, or is a FIFO that would hold the connection.
+    Refused, with what to write instead; an empty one too (libpq still reads the files)."""
+    with pytest.raises(TargetError) as caught:
+        Target.parse(url)
+    message = str(caught.value)
+    assert message.startswith("the target URL names a libpq service (service=")
+    assert "write the service's host, port, user and database in the URL instead" in message
+    assert "prod" not in message
+
+
+def test_reading_libpq_secrets_at_import_opens_no_service_file(tmp_path: Path) -> None:
+    """Which parameters are secret is asked of libpq without its defaults: with $PGSERVICE
+    set, PQconndefaults read the service file at import, and a FIFO there (the variables
+    are only cleared later) held the process before it did anything (issue 29)."""
+    fifo = tmp_path / "pg_service.conf"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PGSERVICE": "prod", "PGSERVICEFILE": str(fifo)}
+    done = subprocess.run(
+        [sys.executable, "-m", "exporter", "--version"],
+        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+        timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "pg_exporter" in done.stdout
 
 
 def test_password_reaches_libpq_unchanged() -> None:
