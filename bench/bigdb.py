@@ -42,6 +42,7 @@ from pathlib import Path
 import psycopg
 
 from bench import bigdb_build, budget_window, footprint, library
+from bench import statements as per_branch
 from bench.bigdb_build import CANARY, DATABASE, MONITOR, Sizes
 from bench.cluster import Server
 from bench.exporters import ExporterFailed, running
@@ -100,6 +101,7 @@ class Pass:
     rss_mib: float = 0.0
     series: int = 0
     error: str = ""
+    branches: tuple[per_branch.Cost, ...] = ()  # ours, uncached: database time per branch
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--build-only", action="store_true", help="build (or check) and stop")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every figure as JSON")
     parser.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
+    parser.add_argument("--top-branches", type=int, default=8, metavar="N",
+                        help="list our N costliest branches, uncached (0: none)")  # fmt: skip
     budget_window.add_arguments(parser)
     args = parser.parse_args(argv)
     return _options(parser, args)
@@ -160,7 +164,7 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Optio
     lib = library.Options(
         scrapes=max(1, args.scrapes), warmup=max(0, args.warmup), rounds=max(1, args.rounds),
         flavours=flavours, go_config=go_config, go_binary=args.go_binary, json_path=args.json,
-        ready_timeout=args.ready_timeout, top_branches=0,
+        ready_timeout=args.ready_timeout, top_branches=max(0, args.top_branches),
     )  # fmt: skip
     return Options(sizes, versions, variants, lib, None if args.no_cache else args.cache_dir,
                    args.rebuild, budget_window.plan_of(parser, args), args.build_only)  # fmt: skip
@@ -225,6 +229,7 @@ class Bench:
     workdir: Path  # exporter logs
     log: footprint.LogCursor
     variant: str
+    queries: dict[str, frozenset[str]]  # branch key → words of its SQL, to name statements
 
     @property
     def major(self) -> int:
@@ -257,6 +262,9 @@ def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
         workers = footprint.parallel_workers(bench.log.since(window), leaders)
         held = footprint.backend_memory(cluster, MONITOR, bench.log)
     n = options.scrapes
+    branches: tuple[per_branch.Cost, ...] = ()
+    if key == OURS and flavour == "uncached" and options.top_branches:
+        branches = tuple(per_branch.measure(cluster, MONITOR, bench.queries, n))
     return Pass(
         key, bench.major, bench.variant, flavour, rnd,
         wall_ms=statistics.median(walls) * 1000, db_ms=got.exec_ms / n, statements=got.calls / n,
@@ -266,6 +274,7 @@ def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
         backends=len(held), backend_mib=sum(b.total_bytes for b in held) / 2**20,
         plans_mib=sum(b.plan_bytes for b in held) / 2**20,
         cpu_ms=cpu * 1000 / n, rss_mib=rss, series=len(ANY_SAMPLE.findall(body)),
+        branches=branches,
     )  # fmt: skip
 
 
@@ -300,7 +309,8 @@ def run(options: Options, workdir: Path) -> tuple[list[Facts], list[Pass]]:
                                     rebuild=options.rebuild and index == 0) as cluster:  # fmt: skip
                 if options.build_only:
                     break
-                bench = Bench(cluster, options, workdir, footprint.LogCursor(cluster), variant)
+                bench = Bench(cluster, options, workdir, footprint.LogCursor(cluster), variant,
+                              per_branch.branch_queries(options.library.collectors))  # fmt: skip
                 found = replace(facts(cluster, version, variant), canary=canary(cluster, bench.log))
                 _progress(f"PostgreSQL {version} {variant}: {found.settings}, {found.holds},"
                           f" canary {found.canary}")  # fmt: skip
@@ -340,8 +350,10 @@ FIELDS = (
     ("backend_mib", "backends MiB"), ("plans_mib", "plans MiB"),
     ("cpu_ms", "exporter CPU ms"), ("rss_mib", "RSS MiB"), ("series", "series"),
 )  # fmt: skip
-#: Fields whose ours/Go ratio is printed (the others are expected to be 0 for ours).
-RATIOS = ("wall_ms", "db_ms", "pg_cpu_ms", "backend_mib", "cpu_ms", "rss_mib", "series")
+#: Fields whose ours/Go ratio is printed: not those expected to be 0 for ours, nor the
+#: backends' memory (the Go binary's pool opens and closes backends, so that one instant
+#: after the scrapes catches a few MiB or a hundred and more).
+RATIOS = ("wall_ms", "db_ms", "pg_cpu_ms", "cpu_ms", "rss_mib", "series")
 
 
 def render(servers: list[Facts], passes: list[Pass], options: Options) -> str:
@@ -354,6 +366,11 @@ def render(servers: list[Facts], passes: list[Pass], options: Options) -> str:
             rows = [p for p in passes if (p.version, p.variant, p.flavour) ==
                     (found.version, found.variant, flavour)]  # fmt: skip
             out += _block(rows, flavour, options.library)
+        trials = [list(p.branches) for p in passes if p.branches and
+                  (p.version, p.variant) == (found.version, found.variant)]  # fmt: skip
+        if trials:
+            out.append(f"\nDatabase time per branch, ours, uncached ({_rounds(len(trials))}):\n")
+            out.append(per_branch.render(trials, options.library.top_branches))
     return "\n".join(out)
 
 
@@ -377,8 +394,7 @@ def _facts_line(found: Facts) -> str:
 
 def _block(rows: list[Pass], flavour: str, options: library.Options) -> list[str]:
     ok = [p for p in rows if not p.error]
-    rounds = f"{options.rounds} round{'s' if options.rounds > 1 else ''}"
-    out = [f"\n{flavour}, {options.scrapes} scrapes a round, {rounds}:\n",
+    out = [f"\n{flavour}, {options.scrapes} scrapes a round, {_rounds(options.rounds)}:\n",
            "| per pass | " + " | ".join(title for _, title in FIELDS) + " |",
            "|---|" + "---|" * len(FIELDS)]  # fmt: skip
     for key in exporters_of(options):
@@ -394,6 +410,10 @@ def _block(rows: list[Pass], flavour: str, options: library.Options) -> list[str
         cells = [spread(pairs[name]) if name in pairs else "" for name, _ in FIELDS]
         out.append(f"| ours / {TITLES[GO]} | " + " | ".join(cells) + " |")
     return out
+
+
+def _rounds(n: int) -> str:
+    return f"{n} round{'s' if n > 1 else ''}"
 
 
 def _pairs(rows: list[Pass], name: str) -> list[tuple[float, float]]:
