@@ -20,7 +20,7 @@ import psycopg
 
 from exporter import postgres
 from exporter.definitions import Collector, Column, Usage
-from exporter.limits import Guards, Limits
+from exporter.limits import Guards, Limits, limits_sql
 from rigs.localpg import LocalCluster, pg18_bindir
 
 QUERY = "SELECT 1 AS v"
@@ -37,7 +37,7 @@ async def _bare(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
 
 async def _guarded(conn: psycopg.AsyncConnection[tuple[object, ...]], version: int) -> None:
     async with conn.cursor() as cur:
-        await postgres.begin(cur, Limits.of(COLLECTOR.timeout, Guards(version)))
+        await postgres.send_limits(cur, limits_sql(Limits.of(COLLECTOR.timeout, Guards(version))))
         async for _ in postgres.stream_batches(cur, QUERY):
             pass
     await postgres.settle(conn)

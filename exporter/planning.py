@@ -39,6 +39,7 @@ class ServerFacts:
     search_path: SearchPath = NO_PATH
     # What every statement of ours there runs under: the path, no JIT, memory bounds.
     guards: Guards = NO_GUARDS
+    may_read_plans: bool = False  # our role may read its backend's memory contexts
 
     @property
     def product(self) -> str:

@@ -25,7 +25,6 @@ from psycopg.pq import Format, TransactionStatus
 from exporter.casting import decode_text
 from exporter.definitions import Predicate
 from exporter.errors import PredicateError
-from exporter.limits import Limits, limits_sql
 from exporter.target import mask
 
 log = logging.getLogger(__name__)
@@ -160,14 +159,9 @@ async def stream_batches(
         yield names, batch
 
 
-async def begin(cur: psycopg.AsyncCursor[tuple[object, ...]], limits: Limits) -> None:
-    """Open the collector's read-only transaction with its limits in one round trip
-    (where session settings are not safe: ``preflight``)."""
-    await cur.execute(limits_sql(limits), prepare=False)
-
-
-async def set_session(cur: psycopg.AsyncCursor[tuple[object, ...]], sql: str) -> None:
-    """Apply session limits (session_sql) in one round trip."""
+async def send_limits(cur: psycopg.AsyncCursor[tuple[object, ...]], sql: str) -> None:
+    """Put limits in force in one round trip: the SQL ``limits`` built for the connection's
+    way (a read-only transaction of the collector's own, or session settings, D1)."""
     await cur.execute(sql, prepare=False)
 
 

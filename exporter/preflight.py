@@ -42,11 +42,15 @@ SELECT pg_catalog.current_setting('server_version_num')::int,
        pg_catalog.pg_backend_pid(),
        pg_catalog.current_setting('work_mem'),
        pg_catalog.current_setting('temp_file_limit'),
-       {may_limit_temp}"""
+       {may_limit_temp},
+       {may_read_plans}"""
 # Whether our role may set temp_file_limit (issue 31): from PostgreSQL 15 it can be
 # granted (GRANT SET ON PARAMETER); before, only a superuser may.
 _MAY_LIMIT_TEMP = "pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')"
 _SUPERUSER = "pg_catalog.current_setting('is_superuser')::boolean"
+# Whether our role may read its backend's memory contexts (prepared plans, issue 31):
+# from PostgreSQL 15 pg_read_all_stats may, in 14 a superuser, before nobody.
+_MAY_READ_PLANS = "pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')"
 
 #: How often the schemas of a connection's path are searched again for impostors
 #: (seconds): the search costs the server a few milliseconds, the preflight a tenth of
@@ -94,9 +98,9 @@ async def preflight(
     if row is None:  # pragma: no cover - the query always returns a row
         raise psycopg.DataError("preflight query returned no row")
     version, recovery, datname, user, exts, schemas, dbs, address, port, directories = row[:10]
-    pid, work_mem, temp_file_limit, may_limit_temp = row[10:14]
+    pid, work_mem, temp_file_limit, may_limit_temp, may_read_plans = row[10:15]
     seen = Endpoint(str(address or ""), int(str(port)), _optional(directories), _pid(pid))
-    path = path if path is not None else SearchPath.of(*row[14:16])
+    path = path if path is not None else SearchPath.of(*row[15:17])
     number = int(str(version))
     guards = Guards.of(number, path.setting, str(work_mem), str(temp_file_limit),
                        may_limit_temp is True)  # fmt: skip
@@ -111,6 +115,7 @@ async def preflight(
         own_transaction=own_transaction_reason(conn, seen),
         search_path=path,
         guards=guards,
+        may_read_plans=may_read_plans is True,
     )
     names = _strings(dbs)
     return Preflight(
@@ -123,8 +128,10 @@ async def preflight(
 @functools.cache
 def _sql(version: int, *, check_path: bool) -> str:
     """The preflight for a server of ``version`` (as libpq learnt it at login)."""
-    may = _MAY_LIMIT_TEMP if version >= 150000 else _SUPERUSER
-    sql = _PREFLIGHT_SQL.format(may_limit_temp=may)
+    new = version >= 150000
+    plans = _MAY_READ_PLANS if new else _SUPERUSER if version >= 140000 else "false"
+    sql = _PREFLIGHT_SQL.format(may_limit_temp=_MAY_LIMIT_TEMP if new else _SUPERUSER,
+                                may_read_plans=plans)  # fmt: skip
     return f"{sql},{PATH_COLUMNS}" if check_path else sql
 
 

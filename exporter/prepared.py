@@ -40,6 +40,20 @@ _KEY_CHARS = 42  # 4 + 42 + 1 + 12 characters: within PostgreSQL's 63 for a name
 #: access rule (42), feature not supported (0A). Anything else fails the collector.
 REFUSED_CLASSES = ("42", "0A")
 
+#: The most statements one connection prepares (issue 31): each keeps its plan in the
+#: backend's memory (the default library's 51 take 5.0 MiB on PostgreSQL 18), so a
+#: config of hundreds of collectors would make the backend grow with it. Beyond it,
+#: queries keep running as text, in run order: the first ones are prepared.
+MAX_PREPARED = 64
+
+# The plan cache's memory in our own backend (PostgreSQL 14+; readable by a superuser,
+# and from 15 by pg_read_all_stats, which pg_monitor holds).
+PLAN_MEMORY_SQL = (
+    "SELECT pg_catalog.sum(total_bytes)::bigint FROM pg_catalog.pg_backend_memory_contexts "
+    "WHERE name OPERATOR(pg_catalog.=) ANY (ARRAY['CachedPlan', 'CachedPlanSource', "
+    "'CachedPlanQuery'])"
+)
+
 
 @functools.lru_cache(maxsize=4096)
 def preparable(query: str, key: str) -> tuple[str, str] | None:
@@ -75,14 +89,14 @@ class Prepared:
 
     def due(self, name: str) -> bool:
         """Whether to PREPARE ``name`` before this run: on its second run here, unless it is
-        prepared already or PostgreSQL refused it. The first run goes as text, so a
-        connection that lives one pass pays no extra round trip."""
+        prepared already, PostgreSQL refused it, or MAX_PREPARED are. The first run goes
+        as text, so a connection that lives one pass pays no extra round trip."""
         if name in self.names or name in self.refused:
             return False
         if name not in self.seen:
             self.seen.add(name)
             return False
-        return True
+        return len(self.names) < MAX_PREPARED
 
     def refuse(self, name: str) -> None:
         """Run ``name``'s query as text from now on, on this connection."""
@@ -102,6 +116,13 @@ async def prepare(cur: psycopg.AsyncCursor[tuple[object, ...]], name: str, state
             return False
         raise
     return True
+
+
+async def plan_memory(cur: psycopg.AsyncCursor[tuple[object, ...]]) -> int:
+    """Bytes the plan cache holds in our backend (PLAN_MEMORY_SQL)."""
+    await cur.execute(PLAN_MEMORY_SQL, prepare=False)
+    row = await cur.fetchone()
+    return int(str(row[0])) if row is not None and row[0] is not None else 0
 
 
 async def deallocate_all(cur: psycopg.AsyncCursor[tuple[object, ...]]) -> None:

@@ -76,6 +76,7 @@ class SelfMetrics:
             *self.target(exporter),
             *self.exporter(exporter),
             *self.per_server(exporter),
+            *self.prepared(exporter),
             *self.per_query(rows),
             *self.degradation(exporter),
             *self.connections(exporter),
@@ -222,6 +223,22 @@ class SelfMetrics:
             self._family(name, "gauge", help_, [((("datname", s.label),), get(s)) for s in servers])
             for name, help_, get in per_db
         ]
+
+    def prepared(self, exporter: Exporter) -> list[Family]:
+        """Prepared collector queries per database and the backend memory of their plans,
+        where our role may read it (issue 31)."""
+        servers = exporter.servers
+        read = [s for s in servers if s.session.plan_bytes is not None]
+        return [
+            self._family("exporter_server_prepared_statements", "gauge",
+                         "collector queries prepared on this database's connection",
+                         [((("datname", s.label),), float(s.session.prepared_count))
+                          for s in servers]),
+            self._family("exporter_server_prepared_plan_bytes", "gauge",
+                         "backend memory of those prepared plans, read once a minute",
+                         [((("datname", s.label),), float(s.session.plan_bytes or 0))
+                          for s in read]),
+        ]  # fmt: skip
 
     def per_query(self, rows: Iterable[CollectorRow]) -> list[Family]:
         """``*_exporter_query_*`` families, one sample per collector name and database."""

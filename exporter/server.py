@@ -165,6 +165,8 @@ class Server:
         if held is not None and held[0] is conn:  # what is on its path now is ours
             path = path.keeping(held[1])
             pre = replace(pre, facts=replace(pre.facts, search_path=path))
+            if pre.facts.may_read_plans and not pre.facts.own_transaction:
+                await self.session.read_plan_memory(conn)  # once a minute too (issue 31)
         self.path = (conn, path, now)
         self._note_path(pre.facts)
         return pre

@@ -24,9 +24,9 @@ from exporter.cache import Entry, Outcome
 from exporter.definitions import Collector, Predicate
 from exporter.errors import CollectorError, TooManySeriesError
 from exporter.exposition import Family
-from exporter.limits import Limits, session_read_only, session_sql
+from exporter.limits import Limits, limits_sql, session_read_only, session_sql
 from exporter.planning import ServerFacts
-from exporter.prepared import Prepared, deallocate_all, preparable, prepare
+from exporter.prepared import Prepared, deallocate_all, plan_memory, preparable, prepare
 from exporter.runtime import CollectorRuntime
 from exporter.samples import SampleBuilder
 
@@ -75,6 +75,7 @@ class Session:
         # The collector limits in force on that connection's session (issue 22).
         self.limits: tuple[Conn, Limits] | None = None
         self.prepared: Prepared | None = None  # the collector queries it has prepared
+        self.plan_bytes: int | None = None  # their plans' memory in the backend, last read
         self.cursor: tuple[Conn, Cursor] | None = None  # reused while the connection lives
 
     def _cursor(self, conn: Conn) -> Cursor:
@@ -88,6 +89,20 @@ class Session:
     def forget_limits(self) -> None:
         """Send every limit again before the next collector."""
         self.limits = None
+
+    @property
+    def prepared_count(self) -> int:
+        """Statements prepared on the connection now."""
+        return len(self.prepared.names) if self.prepared is not None else 0
+
+    async def read_plan_memory(self, conn: Conn) -> None:
+        """Read what the prepared plans hold in the backend (issue 31): a statement of its
+        own, run by the server when it searches the path again (once a minute)."""
+        held = self.prepared
+        if held is None or held.connection is not conn or not held.names:
+            self.plan_bytes = None
+            return
+        self.plan_bytes = await plan_memory(self._cursor(conn))
 
     def reloaded(self) -> None:
         """The definitions changed: what was prepared is dropped on its next use."""
@@ -208,7 +223,7 @@ class Session:
         limits = Limits.of(collector.timeout, facts.guards)
         read_only = session_read_only(conn)
         if read_only is None or facts.own_transaction:
-            await postgres.begin(cur, limits)
+            await postgres.send_limits(cur, limits_sql(limits))
             return False
         held = self.limits
         # All again on a connection not yet set up, or whose read-only default a
@@ -217,7 +232,7 @@ class Session:
         sql = session_sql(limits, held[1] if held is not None and same else None)
         if sql:
             self.limits = None  # unknown until the server has applied the whole list
-            await postgres.set_session(cur, sql)
+            await postgres.send_limits(cur, sql)
         self.limits = (conn, limits)
         self._check_read_only(conn, collector)
         return True

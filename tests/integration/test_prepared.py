@@ -14,7 +14,7 @@ from exporter.server import Server
 from exporter.session import Session
 from exporter.web.state import STATE
 from rigs.localpg import LocalCluster
-from tests.fixtures.helpers import statements_since
+from tests.fixtures.helpers import statements_since, value
 from tests.fixtures.rawhttp import Served, Start, get
 
 
@@ -193,3 +193,25 @@ async def test_text_that_is_not_one_plain_query_is_never_prepared(
         statements = await _pass(pg, served)
         assert not any(s.startswith(("PREPARE", "EXECUTE")) for s in statements), statements
     assert _outcome(served, "pp_show") is Outcome.OK
+
+
+async def test_prepared_plans_are_capped_and_their_memory_is_shown(
+    pg: LocalCluster, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most MAX_PREPARED queries are prepared on a connection (the rest run as text),
+    and the self-metrics show how many and, read from the backend's memory contexts when
+    the path is searched again, what their plans hold (issue 31)."""
+    monkeypatch.setattr("exporter.prepared.MAX_PREPARED", 2)
+    monkeypatch.setattr("exporter.server.PATH_RECHECK", 0.0)  # read at every pass
+    text = "".join(_collector(f"pc_{i}", f"SELECT {i} AS v /* pc_{i} */") for i in range(4))
+    served = await start(pg, text, disable_cache=True)
+    for _ in range(4):
+        response = await get(served.port)
+        assert response.status == 200
+    assert value(response.text, "pg_exporter_server_prepared_statements", datname="postgres") == 2
+    held = value(response.text, "pg_exporter_server_prepared_plan_bytes", datname="postgres")
+    assert held > 1024, response.text  # two plans of a SELECT: kilobytes, never nothing
+    last = await _pass(pg, served)
+    executed = sorted(s for s in last if "pc_" in s or s.startswith("EXECUTE"))
+    assert sum(s.startswith("EXECUTE") for s in executed) == 2, executed
+    assert sum(s.startswith("SELECT") for s in executed) == 2, executed
