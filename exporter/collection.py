@@ -21,6 +21,7 @@ from exporter.breaker import (
     BreakerPolicy,
 )
 from exporter.budget import Budget, Interruption, RequestEnded, until_request_ends
+from exporter.bulkheads import Bulkheads
 from exporter.databases import Databases
 from exporter.definitions import Definitions
 from exporter.gate import Gate
@@ -63,11 +64,14 @@ class Exporter:
         random: Random = _random.random,
         policy: BreakerPolicy | None = None,
         gate: Gate | None = None,
+        servers: Bulkheads | None = None,
     ) -> None:
         self.settings = settings
         self.gate = gate  # a fleet's ceiling on targets collected at once, shared
         self.clock = clock
-        self.databases = Databases(settings, definitions, clock=clock, random=random)
+        # A fleet's per-server bulkheads are shared by every target (issue 29).
+        self.databases = Databases(settings, definitions, clock=clock, random=random,
+                                   servers=servers)  # fmt: skip
         self.connections = self.databases.connections  # shared by every database (issue 13)
         self.main = self.databases.main
         self.breaker = Breaker(policy or BreakerPolicy(), random)  # the target's (D16)

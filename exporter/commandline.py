@@ -90,6 +90,15 @@ def _settings(src: _Source, url: str, path_problems: PathProblems) -> Settings:
             defaults.DEFAULT_MAX_CONCURRENT_TARGETS,
             rules.MAX_CONCURRENT_TARGETS,
         ),
+        server_max_connections=_optional_whole(
+            src, "server.max-connections", rules.SERVER_MAX_CONNECTIONS
+        ),
+        server_max_failed_logins=_whole(
+            src,
+            "server.max-failed-logins",
+            defaults.DEFAULT_SERVER_MAX_FAILED_LOGINS,
+            rules.SERVER_MAX_FAILED_LOGINS,
+        ),
         dry_run=src.switch("dry-run", default=False),
         explain=src.switch("explain", default=False),
         log_level=_choice(src, "log.level", tuple(LEVELS), "info"),
@@ -251,6 +260,11 @@ def _whole(src: _Source, name: str, default: int, rule: rules.Whole) -> int:
     if not rule.holds(value):
         raise UsageError(f"{origin} must be {rule}, not {excerpt(text)}")
     return value
+
+
+def _optional_whole(src: _Source, name: str, rule: rules.Whole) -> int | None:
+    """A whole number in ``rule``'s range, or None when not given (a derived default)."""
+    return _whole(src, name, 0, rule) if src.lookup(name) is not None else None
 
 
 def _connect_timeout(src: _Source) -> float:

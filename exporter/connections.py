@@ -7,6 +7,8 @@ number: when one more is needed and none is free, the least recently used idle o
 is closed first, or, when every one is busy (databases walked in parallel), the
 walk waits for one to finish. Choosing what to close is a plain function;
 :class:`ConnectionLimit` keeps the order and the counts, and awaits the closing.
+Every connection is also opened within the bulkhead of the server it reaches, shared
+by every target naming that server (:mod:`exporter.bulkheads`, issue 29).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random as _random
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -23,7 +24,11 @@ from typing import Protocol, TypeVar
 
 import psycopg
 
+from exporter import postgres
+from exporter.addresses import ServerKey
 from exporter.backoff import LOGIN_CEILING, Random, login_wait
+from exporter.bulkheads import Bulkheads, Conn, Connector, Lease, LoginsHeld
+from exporter.loginrate import refused_login
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +38,7 @@ PROBE_CONNECTIONS = 1
 K = TypeVar("K")
 T = TypeVar("T")
 
-# libpq reports no SQLSTATE for a failed connection, so the server's (English) message
-# says when it refused the login itself: SQLSTATE class 28 (28P01 authentication failed,
-# 28000 no such role, not allowed to log in, a pg_hba rule), or libpq had no password.
-_REFUSED_LOGIN = re.compile(
-    r'authentication failed for user|pg_hba\.conf rejects|no pg_hba\.conf entry|role ".*" does '
-    r"not exist|is not permitted to log in|no password supplied"
-)
-
-
-def refused_login(exc: BaseException) -> bool:
-    """True when the server refused to let us log in: trying again at once cannot succeed,
-    and each try is one more failed login in its log, which lockout tools count."""
-    sqlstate = getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str):
-        return sqlstate.startswith("28")
-    return isinstance(exc, psycopg.Error) and _REFUSED_LOGIN.search(str(exc)) is not None
+__all__ = ["ConnectionLimit", "LoginHeld", "Logins", "lru_victims", "refused_login"]
 
 
 class LoginHeld(psycopg.OperationalError):
@@ -77,12 +67,18 @@ class Logins:
     """
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.monotonic, random: Random = _random.random
+        self,
+        servers: Bulkheads | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        random: Random = _random.random,
     ) -> None:
+        self.servers = servers or Bulkheads()  # the process's, shared by every target
         self.clock = clock
         self.random = random
         self._refused: dict[str | None, _Refusals] = {}  # by database; None: the URL's
         self.held = 0  # connections not attempted because the server refused the last login
+        self.keys: dict[ServerKey, None] = {}  # the servers this target's logins reached
 
     def reset(self) -> None:
         """Forget every refusal: the operator may have fixed the password (a reload)."""
@@ -92,6 +88,25 @@ class Logins:
         """Seconds until ``database``'s next login may go; 0 when it may go now."""
         refused = self._refused.get(database)
         return 0.0 if refused is None else max(0.0, refused.retry_at - self.clock())
+
+    async def open(
+        self,
+        database: str | None,
+        conninfo: str,
+        connect_timeout: float,
+        *,
+        probe: bool,
+        connector: Connector = postgres.connect,
+    ) -> tuple[Conn, Lease]:
+        """A connection to ``database`` and its place at its server: dialled only when the
+        target's back-off and the server's bulkhead allow."""
+        servers = self.servers
+        conn, lease = await self.connect(
+            database,
+            lambda: servers.connect(conninfo, connect_timeout, probe=probe, connector=connector),
+        )
+        self.keys[lease.bulkhead.key] = None
+        return conn, lease
 
     async def connect(self, database: str | None, dial: Callable[[], Awaitable[T]]) -> T:
         """``dial()``, unless the server refused ``database``'s last login and the wait is
@@ -123,8 +138,8 @@ class Logins:
         server went away, so what it thinks of us is unknown again)."""
         previous = self._refused.pop(database, None)
         if not refused_login(exc):
-            if previous is not None and not isinstance(exc, psycopg.Error):
-                previous.trying = False  # cancelled with its request: no verdict
+            if previous is not None and _no_verdict(exc):
+                previous.trying = False
                 self._refused[database] = previous
             return
         count = (previous.count if previous else 0) + 1
@@ -138,6 +153,12 @@ class Logins:
             "%gs while it refuses (a reload tries at once): %s",
             wait, LOGIN_CEILING, error, extra={"datname": database or ""},
         )  # fmt: skip
+
+
+def _no_verdict(exc: BaseException) -> bool:
+    """True when the server never judged the login: it was cancelled with its request, or
+    the server's bulkhead held it back (issue 29)."""
+    return not isinstance(exc, psycopg.Error) or isinstance(exc, LoginsHeld)
 
 
 class Holder(Protocol):
@@ -169,7 +190,13 @@ class ConnectionLimit:
     connections than the limit, however the walks interleave.
     """
 
-    def __init__(self, limit: int | None, reserved: int = PROBE_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        limit: int | None,
+        reserved: int = PROBE_CONNECTIONS,
+        *,
+        servers: Bulkheads | None = None,
+    ) -> None:
         if limit is not None and limit - reserved < 1:
             raise ValueError(f"a limit of {limit} leaves no connection for a database")
         self.limit = limit  # None: no limit (tests that build a Server alone)
@@ -183,7 +210,8 @@ class ConnectionLimit:
         self.opened_by: dict[str, int] = {}  # datname -> opened, while it is scraped
         self.evictions = 0  # connections closed to make room for another database
         self.peak = 0  # most connections the databases held at once
-        self.logins = Logins()  # refused logins, shared with the target's health probe
+        self.logins = Logins(servers)  # refused logins, shared with the target's health probe
+        self._leases: dict[Holder, Lease] = {}  # each open connection's place at its server
 
     @classmethod
     def unlimited(cls) -> ConnectionLimit:
@@ -223,8 +251,32 @@ class ConnectionLimit:
             self._reserved -= 1
             self._notify()
 
+    @property
+    def servers(self) -> Bulkheads:
+        """The per-server bulkheads every connection is opened within (issue 29)."""
+        return self.logins.servers
+
+    async def dial(
+        self,
+        holder: Holder,
+        database: str | None,
+        conninfo: str,
+        connect_timeout: float,
+        connector: Connector = postgres.connect,
+    ) -> Conn:
+        """``holder``'s connection to ``database``, within the target's login back-off and
+        the bulkhead of the server it reaches; ``opened_for`` then counts it."""
+        conn, lease = await self.logins.open(
+            database, conninfo, connect_timeout, probe=False, connector=connector
+        )
+        lease.holder = holder
+        self._leases[holder] = lease
+        return conn
+
     def opened_for(self, holder: Holder) -> None:
         """``holder`` has opened a connection: count it, as the most recently used."""
+        if (lease := self._leases.get(holder)) is not None:
+            lease.use(busy=holder in self._busy)
         if self.capacity is not None:
             self._reserved -= 1
         self._held[holder] = None
@@ -239,13 +291,19 @@ class ConnectionLimit:
             self._held.move_to_end(holder)
 
     async def close(self, holder: Holder, closing: Awaitable[None]) -> None:
-        """``holder`` lets its connection go; its place is free once ``closing`` is done."""
+        """``holder`` lets its connection go; its places (here and at its server) are free
+        once ``closing`` is done."""
         self._held.pop(holder, None)
+        lease = self._leases.pop(holder, None)
+        if lease is not None:
+            lease.use(busy=True)  # closing: not one to close again for room
         self._closing += 1
         try:
             await closing
         finally:
             self._closing -= 1
+            if lease is not None:
+                lease.release()
             self._notify()
 
     def busy(self, holder: Holder, *, busy: bool) -> None:
@@ -255,6 +313,8 @@ class ConnectionLimit:
         else:
             self._busy.discard(holder)
             self._notify()
+        if (lease := self._leases.get(holder)) is not None:
+            lease.use(busy=busy)
 
     def forget(self, label: str) -> None:
         """A database has gone: drop its count, so that discovery churn leaves nothing behind."""

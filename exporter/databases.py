@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from exporter.backoff import Random
+from exporter.bulkheads import Bulkheads
 from exporter.connections import ConnectionLimit
 from exporter.definitions import Definitions
 from exporter.discovery import select_databases
@@ -42,6 +43,7 @@ class Databases:
         *,
         clock: Callable[[], float],
         random: Random,
+        servers: Bulkheads | None = None,
     ) -> None:
         self.settings = settings
         self.definitions = definitions
@@ -49,7 +51,9 @@ class Databases:
         self.random = random  # jitter of back-offs and predicates (D15, D17)
         self.options = server_options(settings)
         # Every database's connection, the health probe's counted apart (issue 13).
-        self.connections = ConnectionLimit(settings.max_connections)
+        self.connections = ConnectionLimit(
+            settings.max_connections, servers=servers or Bulkheads.for_settings(settings)
+        )  # within the process's per-server bulkheads (issue 29)
         self.main = self._server(None)
         self.discovered: dict[str, Server] = {}
 

@@ -127,6 +127,16 @@ FLAGS = (
          str(defaults.DEFAULT_MAX_CONCURRENT_TARGETS),
          "Fleet mode: most targets collected at once (at least 1); a probe over it waits "
          "within its budget, then gets 503."),
+    Flag("server.max-connections", "", _ENV + "SERVER_MAX_CONNECTIONS", _V, "N",
+         f"{defaults.DEFAULT_SERVER_MAX_CONNECTIONS}, or --max-connections if larger",
+         "Most connections the exporter holds at one PostgreSQL server at once (its address "
+         "as resolved), over every target, database and health probe naming it (at least "
+         "2); health probes take at most half. Over it, idle connections are closed, passes "
+         "wait within their budget and health probes answer 503."),
+    Flag("server.max-failed-logins", "", _ENV + "SERVER_MAX_FAILED_LOGINS", _V, "PER_MINUTE",
+         str(defaults.DEFAULT_SERVER_MAX_FAILED_LOGINS),
+         "Most logins one PostgreSQL server may refuse the exporter a minute, after a first "
+         "burst of --server.max-connections (at least 1); past it no login is tried there."),
     Flag("dry-run",             "D", "",                     _S, "",         "false",
          "Print the collector definitions as loaded, then exit; no database needed."),
     Flag("explain",             "E", "",                     _S, "",         "false",

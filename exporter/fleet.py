@@ -3,8 +3,10 @@
 Each member has what a single-target exporter has: its own exporter (passes one at
 a time, caches, plans, connection budget, breaker), admission (two scrapes), self-
 metrics and health probe. What they share is the process, the fleet's ceiling on
-targets collected at once (:class:`~exporter.gate.Gate`) and its ceilings on health
-probes (:class:`~exporter.probeslots.ProbeSlots`).
+targets collected at once (:class:`~exporter.gate.Gate`), its ceilings on health
+probes (:class:`~exporter.probeslots.ProbeSlots`) and the per-server bulkheads
+(:class:`~exporter.bulkheads.Bulkheads`) that bound what all the targets naming one
+server hold there.
 
 No HTTP here: :mod:`exporter.web.fleet` finds the member a request names.
 """
@@ -19,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from exporter.admission import Admission
+from exporter.bulkheads import Bulkheads
 from exporter.collection import Exporter
 from exporter.declared import Declared, DeclaredTarget
 from exporter.definitions import Definitions
@@ -60,7 +63,8 @@ class Member:
 
     def __post_init__(self) -> None:
         self.state.exporter.recovery_seen = self.probe.recovery_seen
-        self.probe.logins = self.state.exporter.connections.logins  # one back-off (issue 25)
+        # One login back-off (issue 25), within the fleet's per-server bulkheads (issue 29).
+        self.probe.logins = self.state.exporter.connections.logins
 
     @property
     def name(self) -> str:
@@ -139,6 +143,7 @@ class Fleet:
         self.definitions = definitions
         self.gate = Gate(settings.max_concurrent_targets)
         self.probes = ProbeSlots(DEFAULT_MAX_PROBES, idle=YIELD_AFTER)
+        self.servers = Bulkheads.for_settings(settings)  # every member's, by server (issue 29)
         self.members: dict[str, Member] = {}
         self._janitor: asyncio.Task[None] | None = None
         self._ceiling_logged = float("-inf")
@@ -188,7 +193,7 @@ class Fleet:
         settings = target.settings
         state = State(
             settings=settings,
-            exporter=Exporter(settings, self.definitions, gate=self.gate),
+            exporter=Exporter(settings, self.definitions, gate=self.gate, servers=self.servers),
             admission=Admission(),
             selfmetrics=SelfMetrics(settings.effective_namespace(), settings.const_labels),
         )

@@ -5,7 +5,9 @@ routing handlers (:mod:`exporter.web.health`) only read; a hung server costs the
 probe its deadline, never a handler. It asks once a second while the target is
 steady and every 100 ms while it may be changing role (:mod:`exporter.pace`);
 between probes it watches its idle connection, which the server only writes to
-when it ends it, so a shutdown or a crash wakes it at once.
+when it ends it, so a shutdown or a crash wakes it at once. Its connection takes a
+place in the bulkhead of the server it reaches (:mod:`exporter.bulkheads`): when the
+bulkhead holds it back, it has not looked, and says "not probed" (issue 29).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import psycopg
 
 from exporter import postgres
+from exporter.bulkheads import Lease, NotAdmitted
 from exporter.connections import Logins
 from exporter.pace import FAST_INTERVAL, SLOW_ANSWER, SLOW_INTERVAL, Pace
 
@@ -108,6 +110,7 @@ class HealthSnapshot:
     status: Status
     checked_at: float  # the probe's clock when the outcome was known
     error: str = ""  # why the target is not up; empty when it is
+    not_probed: bool = False  # the server's bulkhead held the probe back: error says why
 
 
 def classify(exc: BaseException) -> Status:
@@ -151,7 +154,9 @@ class HealthProbe:
         self.late_streak = 0  # probes in a row whose deadline the loop reached late
         self.late_probes = 0  # such probes in all
         self._conn: Conn | None = None
-        self.logins: Logins | None = None  # the target's, shared with its passes
+        self._lease: Lease | None = None  # the connection's place at its server (issue 29)
+        self._failure = ""  # why the last probe that dialled found the target not up
+        self.logins = Logins()  # the target's, shared with its passes (and its bulkheads)
         self._wake = asyncio.Event()  # set when something suggests probing now
         self.snapshot = HealthSnapshot(Status.UNKNOWN, clock(), "not probed yet")
         self.reading = Reading(Status.UNKNOWN)  # what the last probe saw
@@ -220,16 +225,16 @@ class HealthProbe:
         task = asyncio.create_task(self._ask(), name="health probe query")
         try:
             heard = await self._await_answer(task)
-            if task.done():
-                reading, error = _outcome(task)
-            else:
-                reading, error = Reading(Status.DOWN), f"no answer within {self.connect_timeout:g}s"
+            reading, error, looked = self._verdict(task)
             if reading.status is Status.DOWN and not heard:
                 self._unheard()
             else:
                 self.late_streak = 0
                 self.reading = reading
-                self._publish(reading.status, error)
+                if looked:
+                    self._failure = error
+                not_probed = not looked and reading.status is Status.UNKNOWN
+                self._publish(reading.status, error, not_probed=not_probed)
                 took = self._clock() - started
                 # Only for an answer: nothing may delay abandoning a probe past its deadline.
                 if took > SLOW_ANSWER and task.done() and await _loop_busy():
@@ -242,6 +247,19 @@ class HealthProbe:
             elif not task.cancelled():
                 task.exception()  # cancelled meanwhile: its outcome is dropped, not reported
         return self.snapshot
+
+    def _verdict(self, task: asyncio.Task[Reading]) -> tuple[Reading, str, bool]:
+        """What the probe saw, why, and whether it looked at all: its server's bulkhead may
+        have held it back (issue 29). A server already failing us then stays so (nothing
+        new was learnt of it); any other reads as not probed."""
+        if not task.done():
+            return Reading(Status.DOWN), f"no answer within {self.connect_timeout:g}s", True
+        reading, error = _outcome(task)
+        if not _held_back(task):
+            return reading, error, True
+        if self.reading.status in (Status.DOWN, Status.STARTING):
+            return self.reading, f"{self._failure}; {error}", False
+        return reading, error, False
 
     async def _await_answer(self, task: asyncio.Task[Reading]) -> bool:
         """Wait for the probe's answer within the connect timeout; False when the event
@@ -308,9 +326,15 @@ class HealthProbe:
             self.suggest("the server wrote to the idle probe connection")
 
     async def close(self) -> None:
-        """Close the probe's connection."""
+        """Close the probe's connection; its place at the server is free once its backend
+        has ended."""
         conn, self._conn = self._conn, None
-        await postgres.close_quietly(conn)
+        lease, self._lease = self._lease, None
+        try:
+            await postgres.close_and_wait(conn)
+        finally:
+            if lease is not None:
+                lease.release()
 
     async def _ask(self) -> Reading:
         """One question, on the kept connection or a new one; any failure drops it."""
@@ -322,9 +346,13 @@ class HealthProbe:
                 except psycopg.Error as exc:  # e.g. the server restarted: try a fresh one
                     log.debug("health probe connection failed, reconnecting: %s", exc)
                     await self.close()
-            dial = functools.partial(self._connector, self._conninfo, self.connect_timeout)
-            # The target's passes and the probe heed one login back-off (issue 25).
-            self._conn = await (dial() if self.logins is None else self.logins.connect(None, dial))
+            elif conn is not None:
+                await self.close()  # lost meanwhile: its place goes back first
+            # The target's passes and the probe heed one login back-off (issue 25), and
+            # the connection takes a place in its server's bulkhead (issue 29).
+            self._conn, self._lease = await self.logins.open(
+                None, self._conninfo, self.connect_timeout, probe=True, connector=self._connector
+            )
             return await self._query(self._conn)
         except BaseException:
             await self.close()
@@ -359,9 +387,9 @@ class HealthProbe:
             },
         )
 
-    def _publish(self, status: Status, error: str) -> None:
+    def _publish(self, status: Status, error: str, *, not_probed: bool = False) -> None:
         old = self.snapshot.status
-        self.snapshot = HealthSnapshot(status, self._clock(), error)
+        self.snapshot = HealthSnapshot(status, self._clock(), error, not_probed)
         if status is not old:
             level = logging.INFO if status.is_up or old is Status.UNKNOWN else logging.WARNING
             log.log(level, "health status changed", extra=_change(old, status, error))
@@ -376,9 +404,16 @@ def _outcome(task: asyncio.Task[Reading]) -> tuple[Reading, str]:
     exc = task.exception()
     if exc is None:
         return task.result(), ""
+    if isinstance(exc, NotAdmitted):  # the exporter did not look: nothing is known
+        return Reading(Status.UNKNOWN), f"not probed: {exc}"
     if not isinstance(exc, psycopg.Error):
         log.warning("health probe failed unexpectedly", exc_info=exc)
     return Reading(classify(exc)), _first_line(exc)
+
+
+def _held_back(task: asyncio.Task[Reading]) -> bool:
+    """True when the server's bulkhead held the probe back (it dialled nothing)."""
+    return task.done() and not task.cancelled() and isinstance(task.exception(), NotAdmitted)
 
 
 def _first_line(exc: BaseException) -> str:

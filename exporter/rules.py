@@ -62,6 +62,8 @@ MAX_CONNECTIONS = Whole(2, "at least 2, the health probe's connection and one da
 PARALLEL_DATABASES = Whole(1, "at least 1")
 MAX_TOTAL_SERIES = Whole(0, "0 (no limit) or more")
 MAX_CONCURRENT_TARGETS = Whole(1, "at least 1")
+SERVER_MAX_CONNECTIONS = Whole(2, "at least 2, a health probe's connection and a pass's")
+SERVER_MAX_FAILED_LOGINS = Whole(1, "failed logins a minute, at least 1")
 
 
 def whole_number(text: str) -> int | None:

@@ -15,6 +15,7 @@ from exporter import __version__
 from exporter.admission import Admission
 from exporter.backoff import CollectorState
 from exporter.breaker import BreakerState
+from exporter.bulkheads import server_samples
 from exporter.collection import Exporter
 from exporter.exposition import Family, make_family
 from exporter.server import Server
@@ -296,7 +297,14 @@ class SelfMetrics:
             self._single("exporter_connections_logins_held_total", "counter",
                          "connections not attempted because the server refused the last login",
                          float(connections.logins.held)),
+            *self.servers(exporter),
         ]  # fmt: skip
+
+    def servers(self, exporter: Exporter) -> list[Family]:
+        """The bulkheads of the servers the target's connections reach (issue 29)."""
+        connections = exporter.connections
+        known = connections.servers.known(connections.logins.keys)
+        return [self._family(*family) for family in server_samples(known)]
 
     def series_cap(self, exporter: Exporter) -> list[Family]:
         """The exposition-wide series cap and the collectors it left out (issue 13)."""

@@ -121,10 +121,9 @@ class Server:
                 self.options.url, self.datname, self.options.connect_timeout
             )
             await self.connections.make_room(self)  # least recently used first (issue 13)
-            try:  # not at all while the server's refusal of our login stands (issue 25)
-                self.conn = await self.connections.logins.connect(
-                    self.datname,
-                    lambda: postgres.connect(conninfo, self.options.connect_timeout),
+            try:  # not while a refusal stands (issue 25), within the server's bulkhead (29)
+                self.conn = await self.connections.dial(
+                    self, self.datname, conninfo, self.options.connect_timeout
                 )
             except BaseException:  # failed, or cancelled with its request (B9)
                 self.connections.cancel()

@@ -26,6 +26,11 @@ DEFAULT_MAX_CONNECTIONS = 4
 DEFAULT_PARALLEL_DATABASES = 2  # discovered databases walked at once, within the budget
 DEFAULT_MAX_TOTAL_SERIES = 500_000  # over every collector and database; 0: no limit
 DEFAULT_MAX_CONCURRENT_TARGETS = 8  # fleet mode: targets collected at once
+# Backends at one PostgreSQL server at once, over every target, database and health probe
+# naming it (issue 29): a fifth of PostgreSQL's default max_connections. A single target's
+# own --max-connections, when larger, is the default instead: it is never cut.
+DEFAULT_SERVER_MAX_CONNECTIONS = 20
+DEFAULT_SERVER_MAX_FAILED_LOGINS = 60  # a minute at one server, after a first burst
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
 
@@ -72,6 +77,8 @@ class Settings:
     max_total_series: int = DEFAULT_MAX_TOTAL_SERIES  # one pass, every collector; 0: no limit
     targets_file: str | None = None  # fleet mode: the declared targets (docs/fleet.md)
     max_concurrent_targets: int = DEFAULT_MAX_CONCURRENT_TARGETS  # fleet mode: passes at once
+    server_max_connections: int | None = None  # per server; None: the default (see below)
+    server_max_failed_logins: int = DEFAULT_SERVER_MAX_FAILED_LOGINS  # per server, a minute
     dry_run: bool = False
     explain: bool = False
     log_level: str = "info"  # debug, info, warn, error
@@ -91,6 +98,12 @@ class Settings:
     def is_pgbouncer(self) -> bool:
         """True when the target is pgBouncer's admin console (database ``pgbouncer``)."""
         return self.target.is_pgbouncer
+
+    def effective_server_max_connections(self) -> int:
+        """Backends at one server at once: the setting, else 20 or --max-connections."""
+        if self.server_max_connections is not None:
+            return self.server_max_connections
+        return max(DEFAULT_SERVER_MAX_CONNECTIONS, self.max_connections)
 
     def effective_namespace(self) -> str:
         """Namespace of the self-metrics."""

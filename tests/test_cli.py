@@ -86,6 +86,11 @@ def test_defaults(config: str) -> None:
     assert settings.max_series == 100_000
     assert settings.backoff_ceiling == 600.0
     assert settings.max_connections == 4
+    assert (settings.server_max_connections, settings.effective_server_max_connections()) == (
+        None,
+        20,
+    )
+    assert settings.server_max_failed_logins == 60
     assert settings.max_total_series == 500_000
     assert settings.parallel_databases == 2
     assert settings.auto_discovery is True
@@ -118,6 +123,8 @@ VALUE_CASES = [
     (["--backoff-ceiling", "90"], "backoff_ceiling", 90.0),
     (["--backoff-ceiling=0"], "backoff_ceiling", 0.0),
     (["--max-connections", "2"], "max_connections", 2),
+    (["--server.max-connections", "2"], "server_max_connections", 2),
+    (["--server.max-failed-logins=1"], "server_max_failed_logins", 1),
     (["--max-total-series", "0"], "max_total_series", 0),
     (["--parallel-databases", "1"], "parallel_databases", 1),
     (["--log.level", "debug"], "log_level", "debug"),
@@ -147,6 +154,8 @@ ENV_CASES = [
     ("PG_EXPORTER_MAX_SERIES", "7", "max_series", 7),
     ("PG_EXPORTER_BACKOFF_CEILING", "2.5", "backoff_ceiling", 2.5),
     ("PG_EXPORTER_MAX_CONNECTIONS", "40", "max_connections", 40),
+    ("PG_EXPORTER_SERVER_MAX_CONNECTIONS", "50", "server_max_connections", 50),
+    ("PG_EXPORTER_SERVER_MAX_FAILED_LOGINS", "6", "server_max_failed_logins", 6),
     ("PG_EXPORTER_MAX_TOTAL_SERIES", "1000", "max_total_series", 1000),
     ("PG_EXPORTER_PARALLEL_DATABASES", "4", "parallel_databases", 4),
 ]
@@ -177,7 +186,8 @@ def test_empty_environment_variable_counts_as_unset(config: str) -> None:
 def test_every_documented_flag_is_in_the_table() -> None:
     """The flag table holds exactly §1's flags plus our --max-series,
     --web.enable-openmetrics, --backoff-ceiling, --max-connections, --parallel-databases
-    and --max-total-series, and the fleet's --targets.file and --targets.max-concurrent,
+    and --max-total-series, the fleet's --targets.file and --targets.max-concurrent, and
+    the per-server bulkheads' --server.max-connections and --server.max-failed-logins,
     with their short forms."""
     table = {flag.name: (flag.short, flag.env) for flag in FLAGS}
     assert table == {
@@ -202,6 +212,8 @@ def test_every_documented_flag_is_in_the_table() -> None:
         "explain": ("E", ""), "log.level": ("", ""), "log.format": ("", ""),
         "targets.file": ("", "PG_EXPORTER_TARGETS_FILE"),
         "targets.max-concurrent": ("", "PG_EXPORTER_TARGETS_MAX_CONCURRENT"),
+        "server.max-connections": ("", "PG_EXPORTER_SERVER_MAX_CONNECTIONS"),
+        "server.max-failed-logins": ("", "PG_EXPORTER_SERVER_MAX_FAILED_LOGINS"),
     }  # fmt: skip
 
 
@@ -382,6 +394,8 @@ def test_connect_timeout_floor(config: str, millis: str, seconds: float) -> None
         (["--backoff-ceiling", "inf"], "--backoff-ceiling must be a number of seconds >= 0"),
         (["--max-connections", "1"], "--max-connections must be at least 2"),
         (["--max-connections", "many"], "--max-connections must be a whole number"),
+        (["--server.max-connections", "1"], "--server.max-connections must be at least 2"),
+        (["--server.max-failed-logins", "0"], "--server.max-failed-logins must be failed"),
         (["--parallel-databases", "0"], "--parallel-databases must be at least 1"),
         (["--max-total-series", "-1"], "--max-total-series must be 0 .no limit. or more"),
         (["--log.level", "trace"], "--log.level must be one of debug, info, warn, error"),
@@ -408,6 +422,8 @@ NINES = "9" * 400
         ("--parallel-databases", "1"),
         ("--max-total-series", "0"),
         ("--targets.max-concurrent", "1"),
+        ("--server.max-connections", "2"),
+        ("--server.max-failed-logins", "1"),
     ],
 )
 @pytest.mark.parametrize("value", [NINES, f"-{NINES}", "2147483648", "9" * 5000])

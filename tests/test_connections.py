@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import cast
 
 import psycopg
 import pytest
 
+from exporter.bulkheads import Bulkheads, Conn, LoginsHeld
 from exporter.connections import ConnectionLimit, LoginHeld, Logins, lru_victims, refused_login
 from tests.clock import FakeClock
 
@@ -129,7 +132,9 @@ class Dialler:
         return "conn"
 
 
-async def _try(logins: Logins, dial: Dialler, database: str | None = None) -> str:
+async def _try(
+    logins: Logins, dial: Callable[[], Awaitable[str]], database: str | None = None
+) -> str:
     try:
         return await logins.connect(database, dial)
     except psycopg.OperationalError as exc:
@@ -234,3 +239,60 @@ async def test_reset_and_a_cancelled_retry_let_the_next_login_go() -> None:
 def test_login_held_is_an_operational_error() -> None:
     """Passes and the probe handle a held login as the connection failure it stands for."""
     assert issubclass(LoginHeld, psycopg.OperationalError)
+
+
+async def test_a_login_the_servers_bulkhead_held_back_is_no_verdict() -> None:
+    """Held back by the server's bound on failed logins (issue 29), the login reached no
+    server: the target's refusals stand, so its next refusal doubles the wait."""
+    clock = FakeClock()
+    logins = Logins(clock=clock, random=lambda: 0.0)
+    await _try(logins, Dialler(WRONG_PASSWORD))
+    clock.advance(1.0)
+
+    async def held() -> str:
+        raise LoginsHeld("not tried: too many failed logins at the server")
+
+    assert (await _try(logins, held)).startswith("LoginsHeld:")
+    await _try(logins, Dialler(WRONG_PASSWORD))
+    assert logins.wait() == 2.0  # the second refusal in a row, not a first again
+
+
+class ServerHolder:
+    """A database of one target, connecting through the limit and the server's bulkhead."""
+
+    def __init__(self, limit: ConnectionLimit, label: str) -> None:
+        self.limit = limit
+        self.label = label
+        self.connected = False
+
+    async def connect(self) -> None:
+        async def dial(conninfo: str, connect_timeout: float) -> Conn:
+            return cast(Conn, object())
+
+        await self.limit.make_room(self)
+        await self.limit.dial(self, None, "host=10.0.0.5 dbname=x", 1.0, connector=dial)
+        self.connected = True
+        self.limit.opened_for(self)
+
+    async def disconnect(self) -> None:
+        self.connected = False
+        await self.limit.close(self, asyncio.sleep(0))
+
+
+async def test_targets_on_one_server_share_its_places() -> None:
+    """Two targets' limits within one process's bulkheads of two places: the second
+    target's third connection closes the first target's idle one, never a busy one; a
+    closed connection's place is free again."""
+    servers = Bulkheads(2, 60)
+    first, second = ConnectionLimit(4, servers=servers), ConnectionLimit(4, servers=servers)
+    a, b, c = ServerHolder(first, "a"), ServerHolder(second, "b"), ServerHolder(second, "c")
+    await a.connect()  # outside a pass: idle at once
+    second.busy(b, busy=True)
+    await b.connect()
+    [bulkhead] = list(servers)
+    assert bulkhead.held == 2
+    await c.connect()
+    assert (a.connected, b.connected, c.connected) == (False, True, True)
+    assert (bulkhead.held, bulkhead.evictions, first.open) == (2, 1, 0)
+    await c.disconnect()
+    assert bulkhead.held == 1

@@ -100,6 +100,17 @@ async def test_members_share_the_fleets_gate_but_nothing_else(fleet: Fleet) -> N
     assert a.admission is not b.admission
 
 
+async def test_every_member_and_its_probe_connect_within_the_fleets_bulkheads(
+    fleet: Fleet,
+) -> None:
+    """One registry of per-server bulkheads for the process (issue 29): every member's
+    passes and health probe open their connections within it, built from the flags."""
+    for member in fleet.members.values():
+        assert member.state.exporter.connections.servers is fleet.servers
+        assert member.probe.logins.servers is fleet.servers
+    assert fleet.servers.max_connections == 20
+
+
 async def test_a_health_request_starts_the_probe_and_gets_its_first_answer(fleet: Fleet) -> None:
     """The first health request starts the member's probe and waits for its first
     answer (here: down, the port refuses), holding one probe place."""

@@ -15,6 +15,7 @@ from typing import cast
 import psycopg
 import pytest
 
+from exporter.bulkheads import HELD_CONNECTIONS, Bulkheads
 from exporter.pace import FAST_INTERVAL, SLOW_ANSWER
 from exporter.probe import (
     NO_UPSTREAM_HOLD,
@@ -532,3 +533,67 @@ async def test_a_slow_answer_quickens_the_probe_only_when_the_loop_is_not_to_bla
         done = True
     assert snapshot.status is Status.PRIMARY
     assert not probe.pace.is_fast(time.monotonic())
+
+
+async def _fill(servers: Bulkheads, url: str, count: int) -> None:
+    """Take ``count`` places at ``url``'s server, as busy passes would."""
+    for _ in range(count):
+        await servers.connect(url, 1.0, probe=False, connector=_connector(_FakeConn([(1,)])))
+
+
+async def test_a_probe_held_back_by_its_servers_bulkhead_says_not_probed() -> None:
+    """Every place at the server taken: the probe dials nothing and publishes "unknown",
+    marked not probed, with why (issue 29); it answers at once, within its deadline."""
+    conn = _FakeConn([(False, None)])
+    probe = HealthProbe(URL, 1.0, connector=_connector(conn))
+    await _fill(probe.logins.servers, URL, probe.logins.servers.max_connections)
+    snapshot = await probe.probe_once()
+    assert (snapshot.status, snapshot.not_probed) == (Status.UNKNOWN, True)
+    assert snapshot.error == f"not probed: {HELD_CONNECTIONS}"
+    assert conn.queries == 0
+
+
+async def test_a_probe_held_back_keeps_a_server_down_as_down() -> None:
+    """A target already seen down stays down when its server's bulkhead holds the next
+    probe back: nothing new was learnt of it."""
+
+    async def refused(conninfo: str, seconds: float) -> Conn:
+        raise psycopg.OperationalError("Connection refused")
+
+    probe = HealthProbe(URL, 1.0, connector=refused)
+    assert (await probe.probe_once()).status is Status.DOWN
+    await _fill(probe.logins.servers, URL, probe.logins.servers.max_connections)
+    snapshot = await probe.probe_once()
+    assert (snapshot.status, snapshot.not_probed) == (Status.DOWN, False)
+    assert snapshot.error == f"Connection refused; not probed: {HELD_CONNECTIONS}"
+    again = await probe.probe_once()
+    assert again.error == snapshot.error  # the reasons do not pile up
+
+
+async def test_a_probe_gives_its_place_back_when_it_closes() -> None:
+    """The probe's connection holds a place at its server from its login until closed."""
+    probe = HealthProbe(URL, 1.0, connector=_connector(_FakeConn([(False, None)])))
+    await probe.probe_once()
+    [bulkhead] = list(probe.logins.servers)
+    assert (bulkhead.held, bulkhead.probes) == (1, 1)
+    await probe.probe_once()  # on its kept connection: no second place
+    assert bulkhead.held == 1
+    await probe.close()
+    assert (bulkhead.held, bulkhead.probes) == (0, 0)
+
+
+async def test_a_lost_probe_connection_gives_its_place_back_before_the_next() -> None:
+    """The server ended the probe's connection between two probes: the new one takes
+    the old one's place, not one more."""
+    first, second = _FakeConn([(False, None)]), _FakeConn([(False, None)])
+    conns = iter([first, second])
+
+    async def connect(conninfo: str, seconds: float) -> Conn:
+        return cast(Conn, next(conns))
+
+    probe = HealthProbe(URL, 1.0, connector=connect)
+    await probe.probe_once()
+    first.closed = True  # lost: the server went away
+    assert (await probe.probe_once()).status is Status.PRIMARY
+    [bulkhead] = list(probe.logins.servers)
+    assert bulkhead.held == 1

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from exporter.admission import Admission
 from exporter.budget import SCRAPE_TIMEOUT_HEADER, budget_seconds
+from exporter.bulkheads import Bulkhead, server_samples
 from exporter.declared import Declared
 from exporter.exposition import Family, Format, content_type, encode, make_family, runtime_families
 from exporter.fleet import Fleet, Member
@@ -176,6 +177,7 @@ async def _metrics_answer(fleet: Fleet, _variant: str) -> Answer:
     for start in range(0, len(rows), READ_CHUNK):  # same-name families merge when encoded
         families.extend(target_families(namespace, const, rows[start : start + READ_CHUNK]))
         await asyncio.sleep(0)
+    families.extend(await server_families(fleet.settings.effective_namespace(), const, fleet))
     body = encode([*families, *runtime_families(const)], Format.TEXT)  # joins rendered text
     return Answer(body, content_type(Format.TEXT))
 
@@ -259,6 +261,18 @@ def probe_families(ns: str, const: Sequence[tuple[str, str]], slots: ProbeSlots)
     ]  # fmt: skip
 
 
+async def server_families(ns: str, const: Sequence[tuple[str, str]], fleet: Fleet) -> list[Family]:
+    """The per-server bulkheads' self-metrics (issue 29), a chunk of servers at a time."""
+    servers = list(fleet.servers)
+    families: list[Family] = []
+    for start in range(0, len(servers), READ_CHUNK):
+        for suffix, kind, help_, samples in server_samples(servers[start : start + READ_CHUNK]):
+            labelled = [((*labels, *const), value) for labels, value in samples]
+            families.append(make_family(f"{ns}_{suffix}", kind, help_, labelled))
+        await asyncio.sleep(0)
+    return families
+
+
 def target_families(
     ns: str, const: Sequence[tuple[str, str]], rows: Sequence[_MetricsRow]
 ) -> list[Family]:
@@ -330,6 +344,7 @@ async def _targets_answer(fleet: Fleet, variant: str) -> Answer:
     summary = (
         f"{len(rows)} targets from {fleet.declared.path}; "
         f"{gate.active} of at most {gate.limit} being collected, {gate.waiting} waiting\n"
+        f"{servers_summary(list(fleet.servers), fleet)}"
         f"per target: /probe?target=NAME, /stat?target=NAME, /explain?target=NAME, "
         f"/primary?target=NAME (and every health path)\n\n"
     )
@@ -337,6 +352,29 @@ async def _targets_answer(fleet: Fleet, variant: str) -> Answer:
     if variant == "html":
         return Answer(html_page(FLEET_PAGE.strip("/"), text).encode(), "text/html; charset=utf-8")
     return Answer(text.encode(), "text/plain; charset=utf-8")
+
+
+SERVERS_SHOWN = 10  # servers the fleet page describes, those holding most first
+
+
+def servers_summary(servers: list[Bulkhead], fleet: Fleet) -> str:
+    """What the per-server bulkheads hold (issue 29): the busiest servers, one a line."""
+    limits = fleet.servers
+    lines = [
+        f"{len(servers)} servers, each at most {limits.max_connections} connections and "
+        f"{limits.failed_logins:g} failed logins a minute\n"
+    ]
+    busiest = sorted(servers, key=lambda b: (-b.held, -b.logins.failed, b.key))
+    for bulkhead in busiest[:SERVERS_SHOWN]:
+        lines.append(
+            f"  server {bulkhead.key}: {bulkhead.held} of {bulkhead.limit} connections held "
+            f"({bulkhead.probes} by health probes), {bulkhead.waiting} passes waiting, "
+            f"{bulkhead.refused} probes not probed, {bulkhead.evictions} idle closed, "
+            f"{bulkhead.logins.failed} failed logins, {bulkhead.logins.held} held back\n"
+        )
+    if len(servers) > SERVERS_SHOWN:
+        lines.append(f"  … and {len(servers) - SERVERS_SHOWN} more (see /metrics)\n")
+    return "".join(lines)
 
 
 def _targets_row(member: Member, now: float) -> tuple[str, ...]:

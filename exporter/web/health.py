@@ -74,6 +74,8 @@ def health_handler(
                 return web.Response(status=503, text=NOT_PROBED, headers=_HEADERS)
         else:
             snapshot = request.app[key].current()
+        if snapshot.not_probed:  # the server's bulkhead held the probe back (issue 29)
+            return web.Response(status=503, text=snapshot.error, headers=_HEADERS)
         status = snapshot.status
         return web.Response(status=answer(want, status), text=status.value, headers=_HEADERS)
 

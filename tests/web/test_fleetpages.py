@@ -8,12 +8,22 @@ from typing import cast
 
 import pytest
 
+from exporter.addresses import ServerKey
+from exporter.bulkheads import Bulkheads
 from exporter.exposition import Format, encode
 from exporter.fleet import Fleet
 from exporter.probeslots import CeilingReached, ProbeSlots
-from exporter.web.fleetpages import MAX_PAGE_AGE, PAGE_SHARE, Page, probe_families
+from exporter.web.fleetpages import (
+    MAX_PAGE_AGE,
+    PAGE_SHARE,
+    Page,
+    probe_families,
+    server_families,
+    servers_summary,
+)
 from exporter.web.metrics import Answer
 from tests.clock import FakeClock
+from tests.fixtures.helpers import samples
 
 
 @dataclass
@@ -135,3 +145,36 @@ async def test_the_probe_ceilings_figures_are_shown() -> None:
     }  # fmt: skip
     assert "# TYPE pg_exporter_fleet_probes_refused_total counter" in lines
     assert "# TYPE pg_exporter_fleet_probes gauge" in lines
+
+
+@dataclass
+class ServersFleet:
+    """All the server figures look at: the fleet's bulkheads."""
+
+    servers: Bulkheads
+
+
+async def test_each_servers_bulkhead_is_shown_on_metrics_and_the_fleet_page() -> None:
+    """/metrics carries one sample per server and figure, with the const labels; the
+    fleet page names the busiest servers with what they hold (issue 29)."""
+    servers = Bulkheads(4, 30)
+    for key in (ServerKey("10.0.0.5", 5432), ServerKey("10.0.0.6", 5432)):
+        bulkhead = servers.of(key)
+        await bulkhead.take(probe=True)
+    await servers.of(ServerKey("10.0.0.6", 5432)).take(probe=False)
+    fleet = cast(Fleet, ServersFleet(servers))
+    text = encode(await server_families("pg", [("env", "x")], fleet), Format.TEXT).decode()
+    shown = samples(text)
+    held = "pg_exporter_server_connections"
+    assert shown[(held, (("env", "x"), ("server", "10.0.0.6:5432")))] == 2
+    assert shown[(held, (("env", "x"), ("server", "10.0.0.5:5432")))] == 1
+    rate = ("pg_exporter_server_failed_logins_max", (("env", "x"), ("server", "10.0.0.5:5432")))
+    assert shown[rate] == 30
+    line = servers_summary(list(servers), fleet)
+    assert line.splitlines() == [
+        "2 servers, each at most 4 connections and 30 failed logins a minute",
+        "  server 10.0.0.6:5432: 2 of 4 connections held (1 by health probes), 0 passes "
+        "waiting, 0 probes not probed, 0 idle closed, 0 failed logins, 0 held back",
+        "  server 10.0.0.5:5432: 1 of 4 connections held (1 by health probes), 0 passes "
+        "waiting, 0 probes not probed, 0 idle closed, 0 failed logins, 0 held back",
+    ]

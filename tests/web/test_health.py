@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
+from exporter.bulkheads import HELD_CONNECTIONS
 from exporter.probe import HealthProbe, HealthSnapshot, Status
 from exporter.settings import Settings
 from exporter.web.health import (
@@ -93,6 +94,22 @@ async def test_every_route_answers_from_the_snapshot(
                     path,
                 )
                 assert got.headers["Cache-Control"] == "no-store"
+
+
+async def test_a_probe_held_back_answers_not_probed_on_every_path(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    """When the server's bulkhead held the probe back, every health path answers 503
+    with why, not a status word: the exporter did not look (issue 29)."""
+    clock = FakeClock()
+    probe = HealthProbe(URL, 0.1, clock=clock)
+    why = f"not probed: {HELD_CONNECTIONS}"
+    probe.snapshot = HealthSnapshot(Status.UNKNOWN, clock.now, why, not_probed=True)
+    client = await _routes_client(aiohttp_client, probe)
+    for path in HEALTH_PATHS:
+        got = await client.get(path)
+        assert (got.status, await got.text()) == (503, why), path
+        assert got.headers["Cache-Control"] == "no-store"
 
 
 async def _until(check: Callable[[], bool]) -> None:
