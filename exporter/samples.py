@@ -11,58 +11,61 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from decimal import Decimal
 from itertools import accumulate, repeat
 from operator import add, itemgetter, mul
 from typing import Any
 
-from exporter.casting import FAST_TYPES, NAN, label_text, to_number
+from exporter.casting import NAN, Cast, Kind, cast_for, label_text
 from exporter.definitions import Collector, Column, Usage
 from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError, excerpt
 from exporter.exposition import Family, escape_label_value, format_value, go_float, label_block
 
-# Kinds of a column's cells that take a C-level rendering path.
-_DECIMALS: frozenset[type] = frozenset({Decimal})
-_INTS: frozenset[type] = frozenset({int})
-_FLOATS: frozenset[type] = frozenset({float})
+# Kinds whose batches render at C level: numbers as loaded, and numeric's text.
+_NUMBERS = frozenset({Kind.INT, Kind.FLOAT, Kind.EPOCH, Kind.NUMERIC})
+_FAST_TYPES: frozenset[type] = frozenset({int, float})
+_AS_TEXT = frozenset({Kind.TEXT, Kind.NUMERIC})  # label columns loaded as their label text
 
 
 class _Plain:
     """A GAUGE or COUNTER column present in the result: how its cells are rendered."""
 
-    __slots__ = ("cell", "column", "help", "kind", "name", "null_text")
+    __slots__ = ("cast", "cell", "column", "convert", "help", "kind", "name", "null_text")
 
-    def __init__(self, collector: Collector, column: Column, index: int) -> None:
+    def __init__(self, collector: Collector, column: Column, index: int, cast: Cast) -> None:
         self.column, self.cell = column, itemgetter(index)  # the column's cell of a row
         self.name = collector.metric_name(column)
         self.help = _help(collector, column)
         self.kind = "counter" if column.usage is Usage.COUNTER else "gauge"
-        null = NAN if column.default is None else to_number(column.default, column.scale)
-        self.null_text = format_value(null)
+        self.cast = cast
+        self.convert = cast.converter(column.scale)
+        # A NULL takes the default, scaled whatever the column's type (as Go does).
+        self.null_text = format_value(_null_value(column))
 
     def render(self, value: object) -> str:
         """One cell, by the general rules."""
         if value is None:
             return self.null_text
-        if type(value) is Decimal and self.column.scale is None and value.is_finite():
-            return str(value)  # its exact digits: as valid as a float's repr, and cheaper
-        return format_value(to_number(value, self.column.scale))
+        return format_value(self.convert(value))
 
     def render_all(self, values: list[Any]) -> Iterable[str]:
-        """A batch of cells; uniform int, float or numeric columns take a C-level path."""
-        kinds: frozenset[type] = frozenset(map(type, values))
-        scale = self.column.scale
-        if kinds == _DECIMALS and all(map(Decimal.is_finite, values)):
-            if scale is None:
-                return map(str, values)
-            values, kinds = list(map(float, values)), _FLOATS
-        if kinds == _INTS and scale is None:
+        """A batch of cells; a column of numbers without NULLs takes a C-level path."""
+        kind = self.cast.kind
+        if kind not in _NUMBERS or None in values:
+            return map(self.render, values)
+        if kind is Kind.NUMERIC:
+            try:
+                values = list(map(float, values))  # the nearest float: ±inf beyond its range
+            except (TypeError, ValueError):
+                return map(self.render, values)
+        elif not frozenset(map(type, values)) <= _FAST_TYPES:  # not loaded by our loaders
+            return map(self.render, values)
+        scale = self.column.scale if self.cast.scaled else None
+        if scale is None and kind is Kind.INT:
             return map(str, values)
-        if kinds <= FAST_TYPES:
-            numbers = values if scale is None else list(map(mul, values, repeat(scale)))
-            if all(map(math.isfinite, numbers)):
-                return map(str, numbers)  # str of an int or a finite float is format_value
-        return map(self.render, values)
+        numbers = values if scale is None else list(map(mul, values, repeat(scale)))
+        if all(map(math.isfinite, numbers)):
+            return map(str, numbers)  # str of an int or a finite float is format_value
+        return map(format_value, numbers)
 
 
 class _Bins:
@@ -79,10 +82,11 @@ class _Histogram:
     """A HISTOGRAM column: observations folded into bins (one dict per execution) per
     label tuple."""
 
-    __slots__ = ("base", "bounds", "cell", "column", "help", "le_parts")
+    __slots__ = ("base", "bounds", "cell", "column", "convert", "help", "le_parts")
 
-    def __init__(self, collector: Collector, column: Column, index: int) -> None:
+    def __init__(self, collector: Collector, column: Column, index: int, cast: Cast) -> None:
         self.column, self.cell = column, itemgetter(index)
+        self.convert = cast.converter(column.scale)
         self.base = collector.metric_name(column)
         self.help = _help(collector, column)
         self.bounds = column.buckets
@@ -90,16 +94,16 @@ class _Histogram:
 
     def observe(self, bins: dict[str, _Bins], keys: list[str], values: Iterable[object]) -> None:
         """Fold one batch into ``bins``; NULL (without default) and NaN are not observations."""
-        bounds, size = self.bounds, len(self.bounds) + 1
-        default, scale = self.column.default, self.column.scale
+        bounds, size, convert = self.bounds, len(self.bounds) + 1, self.convert
+        default, null = self.column.default, _null_value(self.column)
         for key, raw in zip(keys, values, strict=True):
             acc = bins.get(key)
             if acc is None:
                 acc = bins[key] = _Bins(size)
             if raw is not None:
-                number = to_number(raw, scale)
+                number = convert(raw)
             elif default is not None:
-                number = to_number(default, scale)
+                number = null
             else:
                 continue
             if not math.isnan(number):
@@ -124,6 +128,14 @@ class _Histogram:
         ]
 
 
+def _null_value(column: Column) -> float:
+    """What a NULL cell counts as: the default, scaled whatever the column's type (as Go
+    does), else NaN."""
+    if column.default is None:
+        return NAN
+    return column.default if column.scale is None else column.default * column.scale
+
+
 def _help(collector: Collector, column: Column) -> str:
     """A value column's HELP text: its description, else where it comes from."""
     return column.description or f"{collector.key} column {column.name}"
@@ -139,18 +151,24 @@ class _Layout:
     """What a builder needs that depends only on the collector, the result's column names
     and the const labels: decided once and shared by every execution (and database)."""
 
-    __slots__ = ("collector", "histogram_width", "histograms", "label_getters", "outputs",
-                 "plain", "template", "warnings")  # fmt: skip
+    __slots__ = ("casts", "collector", "histogram_width", "histograms", "label_casts",
+                 "label_getters", "outputs", "plain", "template", "warnings")  # fmt: skip
 
     def __init__(
         self,
         collector: Collector,
         column_names: Sequence[str],
         const_labels: Sequence[tuple[str, str]],
+        column_types: Sequence[int] | None = None,
     ) -> None:
         index = _index_columns(collector, column_names)
         self.collector = collector
-        self.label_getters = [itemgetter(index[c.name]) for c in collector.label_columns]
+        # Each column's cast, from its type oid: decided here, once, not per row.
+        types = column_types if column_types is not None else [None] * len(column_names)
+        self.casts = [cast_for(oid) for oid in types]
+        labels = [index[c.name] for c in collector.label_columns]
+        self.label_getters = [itemgetter(n) for n in labels]
+        self.label_casts = [self.casts[n] for n in labels]
         self.template = _label_template(collector.label_columns, const_labels)
         self.warnings: list[str] = []
         self.outputs = self._value_outputs(index)  # in column order
@@ -164,9 +182,11 @@ class _Layout:
         outputs: list[_Plain | _Histogram] = []
         for column in self.collector.value_columns:
             if column.usage is Usage.HISTOGRAM:
-                outputs.append(_Histogram(self.collector, column, index[column.name]))
+                n = index[column.name]
+                outputs.append(_Histogram(self.collector, column, n, self.casts[n]))
             elif column.name in index:
-                outputs.append(_Plain(self.collector, column, index[column.name]))
+                n = index[column.name]
+                outputs.append(_Plain(self.collector, column, n, self.casts[n]))
             else:
                 self.warnings.append(
                     f"collector {self.collector.key}: column {column.name} "
@@ -177,10 +197,9 @@ class _Layout:
 
 
 def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[str, int]:
-    """Result position of each column name; a missing LABEL or HISTOGRAM column fails."""
-    index: dict[str, int] = {}
-    for position, name in enumerate(column_names):
-        index.setdefault(name, position)
+    """Result position of each column name (of two of one name, the last, as in Go); a
+    missing LABEL or HISTOGRAM column fails."""
+    index = {name: position for position, name in enumerate(column_names)}
     for column in collector.columns:
         if column.usage in (Usage.LABEL, Usage.HISTOGRAM) and column.name not in index:
             raise MissingColumnError(
@@ -192,23 +211,27 @@ def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[st
     return index
 
 
-_LayoutKey = tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]]
-#: Layouts by (collector's id, column names, const labels). Each entry holds its collector,
-#: so that id names no other collector while the entry stands; reloaded collectors get
-#: entries of their own, and the table is emptied when full (issue 22: a layout costs
-#: about as much as rendering a small result).
+_LayoutKey = tuple[int, tuple[str, ...], tuple[int, ...] | None, tuple[tuple[str, str], ...]]
+#: Layouts by (collector's id, column names, column types, const labels). Each entry holds
+#: its collector, so that id names no other collector while the entry stands; reloaded
+#: collectors get entries of their own, and the table is emptied when full (issue 22: a
+#: layout costs about as much as rendering a small result).
 _LAYOUTS: dict[_LayoutKey, _Layout] = {}
 LAYOUTS_MAX = 4096
 
 
 def layout_of(
-    collector: Collector, column_names: Sequence[str], const_labels: Sequence[tuple[str, str]]
+    collector: Collector,
+    column_names: Sequence[str],
+    const_labels: Sequence[tuple[str, str]],
+    column_types: Sequence[int] | None = None,
 ) -> _Layout:
     """The collector's layout for a result with these columns, made on first use."""
-    key = (id(collector), tuple(column_names), tuple(const_labels))
+    types = None if column_types is None else tuple(column_types)
+    key = (id(collector), tuple(column_names), types, tuple(const_labels))
     layout = _LAYOUTS.get(key)
     if layout is None or layout.collector is not collector:
-        made = _Layout(collector, column_names, const_labels)  # may raise: nothing kept
+        made = _Layout(collector, column_names, const_labels, types)  # may raise: nothing kept
         if len(_LAYOUTS) >= LAYOUTS_MAX:
             _LAYOUTS.clear()
         layout = _LAYOUTS[key] = made
@@ -227,11 +250,14 @@ class SampleBuilder:
         column_names: Sequence[str],
         const_labels: Sequence[tuple[str, str]],
         max_series: int | None,
+        column_types: Sequence[int] | None = None,
     ) -> None:
+        """``column_types``: the result's type oids (psycopg's ``description[i].type_code``),
+        which decide each column's cast; without them each cell is cast by its Python type."""
         self.collector = collector
         self.max_series = max_series
         self.series = 0
-        self._layout = layout = layout_of(collector, column_names, const_labels)
+        self._layout = layout = layout_of(collector, column_names, const_labels, column_types)
         self.warnings = list(layout.warnings)
         # Rendered lines (label block + " " + value, without the metric name) and
         # histogram bins of this execution, by the output's position.
@@ -261,10 +287,14 @@ class SampleBuilder:
 
     def _label_blocks(self, batch: list[Sequence[object]]) -> list[str]:
         """One ``{labels} `` string per row (const labels included)."""
-        template, getters = self._layout.template, self._layout.label_getters
+        layout = self._layout
+        template, getters = layout.template, layout.label_getters
         if not getters:
             return [template] * len(batch)
-        columns = [_label_column(list(map(g, batch))) for g in getters]
+        columns = [
+            _label_column(list(map(g, batch)), cast)
+            for g, cast in zip(getters, layout.label_casts, strict=True)
+        ]
         return list(map(template.__mod__, zip(*columns, strict=True)))
 
     def _check_unique(self, keys: list[str]) -> None:
@@ -327,12 +357,15 @@ def _label_template(labels: Sequence[Column], const_labels: Sequence[tuple[str, 
     return "{" + variable + ("," + const.replace("%", "%%") if const else "") + "} "
 
 
-def _label_column(values: list[object]) -> list[str]:
-    """Escaped label values of one column; plain text passes through untouched."""
+def _label_column(values: list[Any], cast: Cast) -> list[str]:
+    """Escaped label values of one column (NULL: empty); text passes through untouched."""
+    if cast.kind not in _AS_TEXT or None in values:
+        label = cast.label
+        values = ["" if v is None else label(v) for v in values]
     try:
-        joined = "\x00".join(values)  # type: ignore[arg-type]  # TypeError: not all str
+        joined = "\x00".join(values)  # TypeError: not all str (a loader other than ours)
     except TypeError:
         return [escape_label_value(label_text(v)) for v in values]
     if "\\" in joined or '"' in joined or "\n" in joined:
-        return list(map(escape_label_value, values))  # type: ignore[arg-type]
-    return values  # type: ignore[return-value]
+        return list(map(escape_label_value, values))
+    return values
