@@ -7,7 +7,7 @@ with ``go-<server>.json`` saying how); ``tests/integration/test_go_values.py``
 compares ours with it series by series.
 
 Re-recording is a manual step that runs a Go binary someone built outside this
-repository (docs/compatibility.md §9)::
+repository (docs/compatibility.md, "Differences kept on purpose")::
 
     python -m tests.govalues --go-binary /path/to/pg_exporter-1.4.1
 """
