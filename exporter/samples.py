@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, repeat
 from operator import add, itemgetter, mul
 from typing import Any
@@ -20,26 +20,40 @@ from exporter.definitions import Collector, Column, Usage
 from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError, excerpt
 from exporter.exposition import Family, escape_label_value, format_value, go_float, label_block
 
-# Kinds whose batches render at C level: numbers as loaded, and numeric's text.
-_NUMBERS = frozenset({Kind.INT, Kind.FLOAT, Kind.EPOCH, Kind.NUMERIC})
-_FAST_TYPES: frozenset[type] = frozenset({int, float})
-_AS_TEXT = frozenset({Kind.TEXT, Kind.NUMERIC})  # label columns loaded as their label text
+_FAST_TYPES: frozenset[type] = frozenset({int, float})  # what str() renders as format_value
+_TEXT_KINDS = frozenset({Kind.TEXT, Kind.NUMERIC})  # loaded as the label text itself
 
 
 class _Plain:
-    """A GAUGE or COUNTER column present in the result: how its cells are rendered."""
+    """A GAUGE or COUNTER column present in the result: how its cells are rendered, chosen
+    once from the column's type (issue 30): a column of numbers renders a batch at C level."""
 
-    __slots__ = ("cast", "cell", "column", "convert", "help", "kind", "name", "null_text")
+    __slots__ = ("batch", "cell", "column", "convert", "filler", "help", "kind", "name",
+                 "null_text", "scale")  # fmt: skip
 
     def __init__(self, collector: Collector, column: Column, index: int, cast: Cast) -> None:
         self.column, self.cell = column, itemgetter(index)  # the column's cell of a row
         self.name = collector.metric_name(column)
         self.help = _help(collector, column)
         self.kind = "counter" if column.usage is Usage.COUNTER else "gauge"
-        self.cast = cast
         self.convert = cast.converter(column.scale)
         # A NULL takes the default, scaled whatever the column's type (as Go does).
         self.null_text = format_value(_null_value(column))
+        self.scale = column.scale if cast.scaled else None
+        self.batch = self._batch_renderer(cast.kind)
+        self.filler: object = "0" if cast.kind is Kind.NUMERIC else 0  # stands in for a NULL
+
+    def _batch_renderer(self, kind: Kind) -> Callable[[list[Any]], Iterable[str] | None] | None:
+        """How a batch of this column's non-NULL cells renders at C level; None: cell by cell."""
+        if kind is Kind.BOOL:
+            return self._booleans
+        if kind is Kind.NUMERIC:
+            return self._numerics
+        if kind is Kind.INT and self.scale is None:
+            return self._integers
+        if kind in (Kind.INT, Kind.FLOAT, Kind.EPOCH):
+            return self._numbers
+        return None
 
     def render(self, value: object) -> str:
         """One cell, by the general rules."""
@@ -48,24 +62,60 @@ class _Plain:
         return format_value(self.convert(value))
 
     def render_all(self, values: list[Any]) -> Iterable[str]:
-        """A batch of cells; a column of numbers without NULLs takes a C-level path."""
-        kind = self.cast.kind
-        if kind not in _NUMBERS or None in values:
+        """A batch of cells: a column of numbers at C level, its NULLs put in after."""
+        batch = self.batch
+        texts = None if batch is None else batch(values)
+        if texts is not None:
+            return texts
+        if batch is None or _NONE not in frozenset(map(type, values)):
+            return map(self.render, values)  # text, or cells not from our loaders
+        nulls = [n for n, value in enumerate(values) if value is None]
+        filler = self.filler
+        texts = batch([filler if value is None else value for value in values])
+        if texts is None:
             return map(self.render, values)
-        if kind is Kind.NUMERIC:
-            try:
-                values = list(map(float, values))  # the nearest float: ±inf beyond its range
-            except (TypeError, ValueError):
-                return map(self.render, values)
-        elif not frozenset(map(type, values)) <= _FAST_TYPES:  # not loaded by our loaders
-            return map(self.render, values)
-        scale = self.column.scale if self.cast.scaled else None
-        if scale is None and kind is Kind.INT:
-            return map(str, values)
+        rendered = list(texts)
+        for n in nulls:
+            rendered[n] = self.null_text
+        return rendered
+
+    # Each renders a batch at C level, or says None: NULLs there, or cells of other types.
+
+    def _integers(self, values: list[Any]) -> Iterable[str] | None:
+        return map(str, values) if frozenset(map(type, values)) <= _FAST_TYPES else None
+
+    def _booleans(self, values: list[Any]) -> Iterable[str] | None:
+        if frozenset(map(type, values)) <= _BOOL_TYPE:
+            return map(_BOOLEAN_TEXT.__getitem__, values)
+        return None
+
+    def _numerics(self, values: list[Any]) -> Iterable[str] | None:
+        """numeric's own text where every parser reads it as the nearest float: digits
+        (PostgreSQL never writes an exponent) short of float's range, no NaN or Infinity.
+        Else the nearest float, ±Inf beyond its range."""
+        try:
+            if self.scale is None and max(map(len, values)) < _PLAIN_DIGITS:
+                joined = "".join(values)
+                if "N" not in joined and "I" not in joined:
+                    return values
+            return self._numbers(list(map(float, values)))
+        except (TypeError, ValueError):
+            return None
+
+    def _numbers(self, values: list[Any]) -> Iterable[str] | None:
+        if not frozenset(map(type, values)) <= _FAST_TYPES:
+            return None
+        scale = self.scale
         numbers = values if scale is None else list(map(mul, values, repeat(scale)))
         if all(map(math.isfinite, numbers)):
             return map(str, numbers)  # str of an int or a finite float is format_value
         return map(format_value, numbers)
+
+
+_NONE = type(None)
+_BOOL_TYPE: frozenset[type] = frozenset({bool})
+_PLAIN_DIGITS = 300  # a numeric's text this long is below 1e300: no float overflows on it
+_BOOLEAN_TEXT = {True: "1", False: "0"}
 
 
 class _Bins:
@@ -151,8 +201,8 @@ class _Layout:
     """What a builder needs that depends only on the collector, the result's column names
     and the const labels: decided once and shared by every execution (and database)."""
 
-    __slots__ = ("casts", "collector", "histogram_width", "histograms", "label_casts",
-                 "label_getters", "outputs", "plain", "template", "warnings")  # fmt: skip
+    __slots__ = ("casts", "collector", "histogram_width", "histograms", "label_getters",
+                 "label_texts", "outputs", "plain", "template", "warnings")  # fmt: skip
 
     def __init__(
         self,
@@ -168,7 +218,10 @@ class _Layout:
         self.casts = [cast_for(oid) for oid in types]
         labels = [index[c.name] for c in collector.label_columns]
         self.label_getters = [itemgetter(n) for n in labels]
-        self.label_casts = [self.casts[n] for n in labels]
+        # How each LABEL column's cells become text; None: they are their text already.
+        self.label_texts = [
+            None if self.casts[n].kind in _TEXT_KINDS else self.casts[n].label for n in labels
+        ]
         self.template = _label_template(collector.label_columns, const_labels)
         self.warnings: list[str] = []
         self.outputs = self._value_outputs(index)  # in column order
@@ -292,8 +345,8 @@ class SampleBuilder:
         if not getters:
             return [template] * len(batch)
         columns = [
-            _label_column(list(map(g, batch)), cast)
-            for g, cast in zip(getters, layout.label_casts, strict=True)
+            _label_column(list(map(g, batch)), label)
+            for g, label in zip(getters, layout.label_texts, strict=True)
         ]
         return list(map(template.__mod__, zip(*columns, strict=True)))
 
@@ -357,13 +410,12 @@ def _label_template(labels: Sequence[Column], const_labels: Sequence[tuple[str, 
     return "{" + variable + ("," + const.replace("%", "%%") if const else "") + "} "
 
 
-def _label_column(values: list[Any], cast: Cast) -> list[str]:
+def _label_column(values: list[Any], label: Callable[[Any], str] | None) -> list[str]:
     """Escaped label values of one column (NULL: empty); text passes through untouched."""
-    if cast.kind not in _AS_TEXT or None in values:
-        label = cast.label
+    if label is not None:
         values = ["" if v is None else label(v) for v in values]
     try:
-        joined = "\x00".join(values)  # TypeError: not all str (a loader other than ours)
+        joined = "\x00".join(values)  # TypeError: a NULL, or not loaded by our loaders
     except TypeError:
         return [escape_label_value(label_text(v)) for v in values]
     if "\\" in joined or '"' in joined or "\n" in joined:

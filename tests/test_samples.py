@@ -159,17 +159,60 @@ def test_scale_and_fast_paths_agree_with_general_rules() -> None:
     assert _samples(decimals) == ['pg_t_v{k="a"} 0.75', 'pg_t_v{k="b"} NaN']
 
 
-def test_numeric_is_its_nearest_float_and_plus_inf_beyond() -> None:
-    """A numeric column (text from the loaders) in a uniform batch and a mixed one alike:
-    the nearest float, +Inf beyond float's range (never its 401 digits: issue 29), NaN."""
+def test_numeric_keeps_its_digits_or_is_its_nearest_float() -> None:
+    """A numeric column (text from the loaders): its own digits while every parser reads
+    them as a float; beyond a float's range +Inf, never its 401 digits (issue 29); NaN;
+    a NULL among them, and a scale, as for any number."""
     collector = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE))
-    big = "1" + "0" * 400
-    rows: list[tuple[str, object]] = [("a", "12.50"), ("b", "1E-7"), ("c", big)]
-    uniform = _render(collector, ["k", "v"], rows, types=(TEXT, NUMERIC))
-    mixed = _render(collector, ["k", "v"], [*rows, ("d", None)], types=(TEXT, NUMERIC))
-    assert _samples(uniform) == ['pg_t_v{k="a"} 12.5', 'pg_t_v{k="b"} 1e-07', 'pg_t_v{k="c"} +Inf']
-    assert _samples(mixed) == [*_samples(uniform), 'pg_t_v{k="d"} NaN']
-    assert [s.value for m in parse_text(uniform) for s in m.samples] == [12.5, 1e-7, math.inf]
+    plain: list[tuple[str, object]] = [("a", "12.50"), ("b", "-0.0000001")]
+    assert _samples(_render(collector, ["k", "v"], plain, types=(TEXT, NUMERIC))) == [
+        'pg_t_v{k="a"} 12.50',
+        'pg_t_v{k="b"} -0.0000001',
+    ]
+    odd = [*plain, ("c", "1" + "0" * 400), ("d", "NaN"), ("e", None)]
+    text = _render(collector, ["k", "v"], odd, types=(TEXT, NUMERIC))
+    assert _samples(text) == [
+        'pg_t_v{k="a"} 12.5',
+        'pg_t_v{k="b"} -1e-07',
+        'pg_t_v{k="c"} +Inf',
+        'pg_t_v{k="d"} NaN',
+        'pg_t_v{k="e"} NaN',
+    ]
+    values = [s.value for m in parse_text(text) for s in m.samples]
+    assert values[:3] == [12.5, -1e-7, math.inf]
+    scaled = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE, scale=2.0))
+    assert _samples(_render(scaled, ["k", "v"], plain, types=(TEXT, NUMERIC))) == [
+        'pg_t_v{k="a"} 25.0',
+        'pg_t_v{k="b"} -2e-07',
+    ]
+
+
+def test_a_null_among_numbers_takes_its_place_in_the_batch() -> None:
+    """NULLs in a column of numbers (as pg_io has): the default or NaN in their rows, the
+    numbers rendered as without them."""
+    collector = _collector(
+        Column("k", Usage.LABEL),
+        Column("n", Usage.GAUGE),
+        Column("d", Usage.GAUGE, default=7.0, scale=2.0),
+        Column("b", Usage.GAUGE),
+    )
+    rows = [("a", 1, 1.5, True), ("b", None, None, None), ("c", 3, math.inf, False)]
+    text = _render(collector, ["k", "n", "d", "b"], rows, types=(TEXT, INT8, FLOAT8, BOOL))
+    assert _samples(text) == [
+        'pg_t_n{k="a"} 1',
+        'pg_t_n{k="b"} NaN',
+        'pg_t_n{k="c"} 3',
+        'pg_t_d{k="a"} 3.0',
+        'pg_t_d{k="b"} 14.0',
+        'pg_t_d{k="c"} +Inf',
+        'pg_t_b{k="a"} 1',
+        'pg_t_b{k="b"} NaN',
+        'pg_t_b{k="c"} 0',
+    ]
+    nothing = _render(
+        collector, ["k", "n", "d", "b"], [("z", None, None, None)], types=(TEXT, INT8, FLOAT8, BOOL)
+    )
+    assert _samples(nothing) == ['pg_t_n{k="z"} NaN', 'pg_t_d{k="z"} 14.0', 'pg_t_b{k="z"} NaN']
 
 
 def test_value_types_in_one_column() -> None:
