@@ -114,11 +114,12 @@ def format_value(v: float | int) -> str:
 
 
 def go_float(value: float) -> str:
-    """A float as Go's ``strconv.FormatFloat(v, 'g', -1, 64)`` writes it (``le`` values)."""
+    """A float as Go's ``strconv.FormatFloat(v, 'g', -1, 64)`` and ``%v`` write it (``le``
+    values, float labels): ``1e+06``, ``42``, ``0.0001``, ``1e-05``, ``-0``, ``+Inf``."""
     if not math.isfinite(value):
         return format_value(value)
     if value == 0:
-        return "0"
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
     sign, digit_tuple, exponent = Decimal(repr(value)).normalize().as_tuple()
     digits = "".join(map(str, digit_tuple))
     point = len(digits) + int(exponent)  # value = 0.<digits> × 10**point

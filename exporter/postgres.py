@@ -98,15 +98,20 @@ def decode_sql_ascii(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
         adapters.register_loader(name, _SqlAsciiBinaryText)
 
 
+#: What a query yields: (column names, column type oids, a batch of rows).
+Batch = tuple[Sequence[str], Sequence[int], list[tuple[object, ...]]]
+
+
 async def console_batches(
     cur: psycopg.AsyncCursor[tuple[object, ...]], query: str
-) -> AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None]:
-    """A pgBouncer console command's (column names, rows): simple protocol, no
+) -> AsyncGenerator[Batch, None]:
+    """A pgBouncer console command's (column names, type oids, rows): simple protocol, no
     transaction, no SET (D4). Its answers are small, so they are read whole."""
     await cur.execute(query, prepare=False)
     rows = await cur.fetchall() if cur.description else []
     if rows:
-        yield [d.name for d in cur.description or ()], rows
+        description = cur.description or ()
+        yield [d.name for d in description], [d.type_code for d in description], rows
 
 
 async def run_predicate(
@@ -135,8 +140,8 @@ async def run_predicate(
 
 async def stream_batches(
     cur: psycopg.AsyncCursor[tuple[object, ...]], query: str
-) -> AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None]:
-    """Run ``query`` and yield (column names, rows) in batches as rows arrive (D9).
+) -> AsyncGenerator[Batch, None]:
+    """Run ``query`` and yield (column names, type oids, rows) in batches as rows arrive (D9).
 
     Rows are streamed, never buffered whole: a consumer that stops early (a series
     cap, a missing column) makes psycopg cancel the rest of the query in the server.
@@ -144,6 +149,7 @@ async def stream_batches(
     there is nothing to publish from it.
     """
     names: Sequence[str] = ()
+    types: Sequence[int] = ()
     batch: list[tuple[object, ...]] = []
     # aclosing: when the consumer stops early, psycopg must cancel and drain the query
     # now, before the transaction is settled, not whenever the generator is collected.
@@ -152,12 +158,13 @@ async def stream_batches(
         async for row in rows:
             if not batch and not names:
                 names = [d.name for d in cur.description or ()]
+                types = [d.type_code for d in cur.description or ()]
             batch.append(row)
             if len(batch) >= FETCH_BATCH:
-                yield names, batch
+                yield names, types, batch
                 batch = []
     if batch:
-        yield names, batch
+        yield names, types, batch
 
 
 async def send_limits(cur: psycopg.AsyncCursor[tuple[object, ...]], sql: str) -> None:

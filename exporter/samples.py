@@ -10,59 +10,112 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
-from decimal import Decimal
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, repeat
 from operator import add, itemgetter, mul
 from typing import Any
 
-from exporter.casting import FAST_TYPES, NAN, label_text, to_number
+from exporter.casting import NAN, Cast, Kind, cast_for, label_text
 from exporter.definitions import Collector, Column, Usage
 from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError, excerpt
 from exporter.exposition import Family, escape_label_value, format_value, go_float, label_block
 
-# Kinds of a column's cells that take a C-level rendering path.
-_DECIMALS: frozenset[type] = frozenset({Decimal})
-_INTS: frozenset[type] = frozenset({int})
-_FLOATS: frozenset[type] = frozenset({float})
+_FAST_TYPES: frozenset[type] = frozenset({int, float})  # what str() renders as format_value
+_TEXT_KINDS = frozenset({Kind.TEXT, Kind.NUMERIC})  # loaded as the label text itself
 
 
 class _Plain:
-    """A GAUGE or COUNTER column present in the result: how its cells are rendered."""
+    """A GAUGE or COUNTER column present in the result: how its cells are rendered, chosen
+    once from the column's type (issue 30): a column of numbers renders a batch at C level."""
 
-    __slots__ = ("cell", "column", "help", "kind", "name", "null_text")
+    __slots__ = ("batch", "cell", "column", "convert", "filler", "help", "kind", "name",
+                 "null_text", "scale")  # fmt: skip
 
-    def __init__(self, collector: Collector, column: Column, index: int) -> None:
+    def __init__(self, collector: Collector, column: Column, index: int, cast: Cast) -> None:
         self.column, self.cell = column, itemgetter(index)  # the column's cell of a row
         self.name = collector.metric_name(column)
         self.help = _help(collector, column)
         self.kind = "counter" if column.usage is Usage.COUNTER else "gauge"
-        null = NAN if column.default is None else to_number(column.default, column.scale)
-        self.null_text = format_value(null)
+        self.convert = cast.converter(column.scale)
+        # A NULL takes the default, scaled whatever the column's type (as Go does).
+        self.null_text = format_value(_null_value(column))
+        self.scale = column.scale if cast.scaled else None
+        self.batch = self._batch_renderer(cast.kind)
+        self.filler: object = "0" if cast.kind is Kind.NUMERIC else 0  # stands in for a NULL
+
+    def _batch_renderer(self, kind: Kind) -> Callable[[list[Any]], Iterable[str] | None] | None:
+        """How a batch of this column's non-NULL cells renders at C level; None: cell by cell."""
+        if kind is Kind.BOOL:
+            return self._booleans
+        if kind is Kind.NUMERIC:
+            return self._numerics
+        if kind is Kind.INT and self.scale is None:
+            return self._integers
+        if kind in (Kind.INT, Kind.FLOAT, Kind.EPOCH):
+            return self._numbers
+        return None
 
     def render(self, value: object) -> str:
         """One cell, by the general rules."""
         if value is None:
             return self.null_text
-        if type(value) is Decimal and self.column.scale is None and value.is_finite():
-            return str(value)  # its exact digits: as valid as a float's repr, and cheaper
-        return format_value(to_number(value, self.column.scale))
+        return format_value(self.convert(value))
 
     def render_all(self, values: list[Any]) -> Iterable[str]:
-        """A batch of cells; uniform int, float or numeric columns take a C-level path."""
-        kinds: frozenset[type] = frozenset(map(type, values))
-        scale = self.column.scale
-        if kinds == _DECIMALS and all(map(Decimal.is_finite, values)):
-            if scale is None:
-                return map(str, values)
-            values, kinds = list(map(float, values)), _FLOATS
-        if kinds == _INTS and scale is None:
-            return map(str, values)
-        if kinds <= FAST_TYPES:
-            numbers = values if scale is None else list(map(mul, values, repeat(scale)))
-            if all(map(math.isfinite, numbers)):
-                return map(str, numbers)  # str of an int or a finite float is format_value
-        return map(self.render, values)
+        """A batch of cells: a column of numbers at C level, its NULLs put in after."""
+        batch = self.batch
+        texts = None if batch is None else batch(values)
+        if texts is not None:
+            return texts
+        if batch is None or _NONE not in frozenset(map(type, values)):
+            return map(self.render, values)  # text, or cells not from our loaders
+        nulls = [n for n, value in enumerate(values) if value is None]
+        filler = self.filler
+        texts = batch([filler if value is None else value for value in values])
+        if texts is None:
+            return map(self.render, values)
+        rendered = list(texts)
+        for n in nulls:
+            rendered[n] = self.null_text
+        return rendered
+
+    # Each renders a batch at C level, or says None: NULLs there, or cells of other types.
+
+    def _integers(self, values: list[Any]) -> Iterable[str] | None:
+        return map(str, values) if frozenset(map(type, values)) <= _FAST_TYPES else None
+
+    def _booleans(self, values: list[Any]) -> Iterable[str] | None:
+        if frozenset(map(type, values)) <= _BOOL_TYPE:
+            return map(_BOOLEAN_TEXT.__getitem__, values)
+        return None
+
+    def _numerics(self, values: list[Any]) -> Iterable[str] | None:
+        """numeric's own text where every parser reads it as the nearest float: digits
+        (PostgreSQL never writes an exponent) short of float's range, no NaN or Infinity.
+        Else the nearest float, ±Inf beyond its range."""
+        try:
+            if self.scale is None and max(map(len, values)) < _PLAIN_DIGITS:
+                joined = "".join(values)
+                if "N" not in joined and "I" not in joined:
+                    return values
+            return self._numbers(list(map(float, values)))
+        except (TypeError, ValueError):
+            return None
+
+    def _numbers(self, values: list[Any]) -> Iterable[str] | None:
+        if not frozenset(map(type, values)) <= _FAST_TYPES:
+            return None
+        scale = self.scale
+        numbers = values if scale is None else list(map(mul, values, repeat(scale)))
+        if all(map(math.isfinite, numbers)):
+            return map(str, numbers)  # str of an int or a finite float is format_value
+        return map(format_value, numbers)
+
+
+_NONE = type(None)
+_BOOL_TYPE: frozenset[type] = frozenset({bool})
+_PLAIN_DIGITS = 300  # a numeric's text this long is below 1e300: no float overflows on it
+_BOOLEAN_TEXT = {True: "1", False: "0"}
 
 
 class _Bins:
@@ -79,10 +132,11 @@ class _Histogram:
     """A HISTOGRAM column: observations folded into bins (one dict per execution) per
     label tuple."""
 
-    __slots__ = ("base", "bounds", "cell", "column", "help", "le_parts")
+    __slots__ = ("base", "bounds", "cell", "column", "convert", "help", "le_parts")
 
-    def __init__(self, collector: Collector, column: Column, index: int) -> None:
+    def __init__(self, collector: Collector, column: Column, index: int, cast: Cast) -> None:
         self.column, self.cell = column, itemgetter(index)
+        self.convert = cast.converter(column.scale)
         self.base = collector.metric_name(column)
         self.help = _help(collector, column)
         self.bounds = column.buckets
@@ -90,16 +144,16 @@ class _Histogram:
 
     def observe(self, bins: dict[str, _Bins], keys: list[str], values: Iterable[object]) -> None:
         """Fold one batch into ``bins``; NULL (without default) and NaN are not observations."""
-        bounds, size = self.bounds, len(self.bounds) + 1
-        default, scale = self.column.default, self.column.scale
+        bounds, size, convert = self.bounds, len(self.bounds) + 1, self.convert
+        default, null = self.column.default, _null_value(self.column)
         for key, raw in zip(keys, values, strict=True):
             acc = bins.get(key)
             if acc is None:
                 acc = bins[key] = _Bins(size)
             if raw is not None:
-                number = to_number(raw, scale)
+                number = convert(raw)
             elif default is not None:
-                number = to_number(default, scale)
+                number = null
             else:
                 continue
             if not math.isnan(number):
@@ -124,6 +178,14 @@ class _Histogram:
         ]
 
 
+def _null_value(column: Column) -> float:
+    """What a NULL cell counts as: the default, scaled whatever the column's type (as Go
+    does), else NaN."""
+    if column.default is None:
+        return NAN
+    return column.default if column.scale is None else column.default * column.scale
+
+
 def _help(collector: Collector, column: Column) -> str:
     """A value column's HELP text: its description, else where it comes from."""
     return column.description or f"{collector.key} column {column.name}"
@@ -139,18 +201,27 @@ class _Layout:
     """What a builder needs that depends only on the collector, the result's column names
     and the const labels: decided once and shared by every execution (and database)."""
 
-    __slots__ = ("collector", "histogram_width", "histograms", "label_getters", "outputs",
-                 "plain", "template", "warnings")  # fmt: skip
+    __slots__ = ("casts", "collector", "histogram_width", "histograms", "label_getters",
+                 "label_texts", "outputs", "plain", "template", "warnings")  # fmt: skip
 
     def __init__(
         self,
         collector: Collector,
         column_names: Sequence[str],
         const_labels: Sequence[tuple[str, str]],
+        column_types: Sequence[int] | None = None,
     ) -> None:
         index = _index_columns(collector, column_names)
         self.collector = collector
-        self.label_getters = [itemgetter(index[c.name]) for c in collector.label_columns]
+        # Each column's cast, from its type oid: decided here, once, not per row.
+        types = column_types if column_types is not None else [None] * len(column_names)
+        self.casts = [cast_for(oid) for oid in types]
+        labels = [index[c.name] for c in collector.label_columns]
+        self.label_getters = [itemgetter(n) for n in labels]
+        # How each LABEL column's cells become text; None: they are their text already.
+        self.label_texts = [
+            None if self.casts[n].kind in _TEXT_KINDS else self.casts[n].label for n in labels
+        ]
         self.template = _label_template(collector.label_columns, const_labels)
         self.warnings: list[str] = []
         self.outputs = self._value_outputs(index)  # in column order
@@ -164,9 +235,11 @@ class _Layout:
         outputs: list[_Plain | _Histogram] = []
         for column in self.collector.value_columns:
             if column.usage is Usage.HISTOGRAM:
-                outputs.append(_Histogram(self.collector, column, index[column.name]))
+                n = index[column.name]
+                outputs.append(_Histogram(self.collector, column, n, self.casts[n]))
             elif column.name in index:
-                outputs.append(_Plain(self.collector, column, index[column.name]))
+                n = index[column.name]
+                outputs.append(_Plain(self.collector, column, n, self.casts[n]))
             else:
                 self.warnings.append(
                     f"collector {self.collector.key}: column {column.name} "
@@ -177,10 +250,9 @@ class _Layout:
 
 
 def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[str, int]:
-    """Result position of each column name; a missing LABEL or HISTOGRAM column fails."""
-    index: dict[str, int] = {}
-    for position, name in enumerate(column_names):
-        index.setdefault(name, position)
+    """Result position of each column name (of two of one name, the last, as in Go); a
+    missing LABEL or HISTOGRAM column fails."""
+    index = {name: position for position, name in enumerate(column_names)}
     for column in collector.columns:
         if column.usage in (Usage.LABEL, Usage.HISTOGRAM) and column.name not in index:
             raise MissingColumnError(
@@ -192,23 +264,27 @@ def _index_columns(collector: Collector, column_names: Sequence[str]) -> dict[st
     return index
 
 
-_LayoutKey = tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]]
-#: Layouts by (collector's id, column names, const labels). Each entry holds its collector,
-#: so that id names no other collector while the entry stands; reloaded collectors get
-#: entries of their own, and the table is emptied when full (issue 22: a layout costs
-#: about as much as rendering a small result).
+_LayoutKey = tuple[int, tuple[str, ...], tuple[int, ...] | None, tuple[tuple[str, str], ...]]
+#: Layouts by (collector's id, column names, column types, const labels). Each entry holds
+#: its collector, so that id names no other collector while the entry stands; reloaded
+#: collectors get entries of their own, and the table is emptied when full (issue 22: a
+#: layout costs about as much as rendering a small result).
 _LAYOUTS: dict[_LayoutKey, _Layout] = {}
 LAYOUTS_MAX = 4096
 
 
 def layout_of(
-    collector: Collector, column_names: Sequence[str], const_labels: Sequence[tuple[str, str]]
+    collector: Collector,
+    column_names: Sequence[str],
+    const_labels: Sequence[tuple[str, str]],
+    column_types: Sequence[int] | None = None,
 ) -> _Layout:
     """The collector's layout for a result with these columns, made on first use."""
-    key = (id(collector), tuple(column_names), tuple(const_labels))
+    types = None if column_types is None else tuple(column_types)
+    key = (id(collector), tuple(column_names), types, tuple(const_labels))
     layout = _LAYOUTS.get(key)
     if layout is None or layout.collector is not collector:
-        made = _Layout(collector, column_names, const_labels)  # may raise: nothing kept
+        made = _Layout(collector, column_names, const_labels, types)  # may raise: nothing kept
         if len(_LAYOUTS) >= LAYOUTS_MAX:
             _LAYOUTS.clear()
         layout = _LAYOUTS[key] = made
@@ -227,11 +303,14 @@ class SampleBuilder:
         column_names: Sequence[str],
         const_labels: Sequence[tuple[str, str]],
         max_series: int | None,
+        column_types: Sequence[int] | None = None,
     ) -> None:
+        """``column_types``: the result's type oids (psycopg's ``description[i].type_code``),
+        which decide each column's cast; without them each cell is cast by its Python type."""
         self.collector = collector
         self.max_series = max_series
         self.series = 0
-        self._layout = layout = layout_of(collector, column_names, const_labels)
+        self._layout = layout = layout_of(collector, column_names, const_labels, column_types)
         self.warnings = list(layout.warnings)
         # Rendered lines (label block + " " + value, without the metric name) and
         # histogram bins of this execution, by the output's position.
@@ -261,10 +340,14 @@ class SampleBuilder:
 
     def _label_blocks(self, batch: list[Sequence[object]]) -> list[str]:
         """One ``{labels} `` string per row (const labels included)."""
-        template, getters = self._layout.template, self._layout.label_getters
+        layout = self._layout
+        template, getters = layout.template, layout.label_getters
         if not getters:
             return [template] * len(batch)
-        columns = [_label_column(list(map(g, batch))) for g in getters]
+        columns = [
+            _label_column(list(map(g, batch)), label)
+            for g, label in zip(getters, layout.label_texts, strict=True)
+        ]
         return list(map(template.__mod__, zip(*columns, strict=True)))
 
     def _check_unique(self, keys: list[str]) -> None:
@@ -327,12 +410,14 @@ def _label_template(labels: Sequence[Column], const_labels: Sequence[tuple[str, 
     return "{" + variable + ("," + const.replace("%", "%%") if const else "") + "} "
 
 
-def _label_column(values: list[object]) -> list[str]:
-    """Escaped label values of one column; plain text passes through untouched."""
+def _label_column(values: list[Any], label: Callable[[Any], str] | None) -> list[str]:
+    """Escaped label values of one column (NULL: empty); text passes through untouched."""
+    if label is not None:
+        values = ["" if v is None else label(v) for v in values]
     try:
-        joined = "\x00".join(values)  # type: ignore[arg-type]  # TypeError: not all str
+        joined = "\x00".join(values)  # TypeError: a NULL, or not loaded by our loaders
     except TypeError:
         return [escape_label_value(label_text(v)) for v in values]
     if "\\" in joined or '"' in joined or "\n" in joined:
-        return list(map(escape_label_value, values))  # type: ignore[arg-type]
-    return values  # type: ignore[return-value]
+        return list(map(escape_label_value, values))
+    return values

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import errors as pgerrors
 
-from exporter import postgres
+from exporter import loaders, postgres
 from exporter.budget import Budget, RequestEnded, deadline, until_request_ends
 from exporter.cache import Entry, Outcome
 from exporter.definitions import Collector, Predicate
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
 Cursor = psycopg.AsyncCursor[tuple[object, ...]]
-Batches = AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None]
+Batches = AsyncGenerator[postgres.Batch, None]
 
 
 class _Skipped(enum.Enum):
@@ -84,6 +84,7 @@ class Session:
         held = self.cursor
         if held is None or held[0] is not conn:
             held = self.cursor = (conn, conn.cursor())
+            loaders.install(held[1])  # cells read as the Go exporter reads them (issue 30)
         return held[1]
 
     def forget_limits(self) -> None:
@@ -205,9 +206,9 @@ class Session:
         builder: SampleBuilder | None = None
         cap = collector.max_series or self.max_series
         async with aclosing(rows) as batches:
-            async for names, batch in batches:
+            async for names, types, batch in batches:
                 if builder is None:
-                    builder = SampleBuilder(collector, names, self.const_labels, cap)
+                    builder = SampleBuilder(collector, names, self.const_labels, cap, types)
                 builder.add_rows(batch)
         return builder
 

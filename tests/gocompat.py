@@ -8,14 +8,27 @@ row of the same branch and metric. A row *applies* to a server when its branch w
 planned there; for every applicable row our library, planned on the same
 server, must produce that name with that type and at least those labels.
 Pure functions: the caller brings the facts.
+
+For series themselves (the values and label text a scrape serves), :func:`series_of`
+reads an exposition literally and :func:`compare_series` says where two differ;
+:class:`GoExporter` runs a Go pg_exporter binary someone built beside the project
+(never built here) so that facts can be recorded from it.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Sequence
+import math
+import re
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from exporter.definitions import Collector, Definitions
 from exporter.planning import ServerFacts, make_plan, skip_reason
@@ -145,6 +158,142 @@ def coverage(rows: Iterable[Row], ours: dict[str, list[Offer]]) -> tuple[int, in
     names = {r.metric for r in rows}
     bad = {line.split(": ", 1)[1].split(" ", 1)[0] for line in gaps(rows, ours)}
     return len(names - bad), len(names)
+
+
+_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)(?: \S+)?")
+_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?')
+
+
+def series_of(exposition: str, prefix: str = "") -> dict[str, str]:
+    """Every sample of a text exposition whose name starts with ``prefix``: its identity
+    (name and label pairs sorted by label name, values as escaped on the wire, so byte
+    by byte) → its value as written. Lines split on "\\n" only: a label may hold U+2028."""
+    out: dict[str, str] = {}
+    for line in exposition.split("\n"):
+        if not line.startswith(prefix) or line.startswith("#"):
+            continue
+        match = _SAMPLE_LINE.fullmatch(line)
+        if match is None:
+            raise ValueError(f"not a sample line: {line[:200]!r}")
+        name, block, value = match.groups()
+        pairs = _PAIR.findall(block[1:-1]) if block else []
+        rebuilt = ",".join(f'{k}="{v}"' for k, v in pairs)
+        if block and rebuilt != block[1:-1].rstrip(","):
+            raise ValueError(f"label block not understood: {line[:200]!r}")
+        key = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(pairs)) + "}"
+        if key in out:
+            raise ValueError(f"series written twice: {key[:200]}")
+        out[key] = value
+    return out
+
+
+def same_value(a: str, b: str) -> bool:
+    """Two sample values as Prometheus reads them (NaN equals NaN, 1e+06 equals 1000000.0)."""
+    x, y = float(a), float(b)
+    return x == y or (math.isnan(x) and math.isnan(y))
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """One series where two expositions disagree: only in Go's, only in ours, or valued
+    differently (``go``/``ours`` None where the series is absent)."""
+
+    series: str
+    go: str | None
+    ours: str | None
+
+    @property
+    def kind(self) -> str:
+        """``missing`` (Go only), ``extra`` (ours only) or ``value``."""
+        if self.ours is None:
+            return "missing"
+        return "extra" if self.go is None else "value"
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.series[:300]} Go={self.go} ours={self.ours}"
+
+
+def compare_series(go: Mapping[str, str], ours: Mapping[str, str]) -> list[Difference]:
+    """Every series on which the two differ, in name order."""
+    return [
+        Difference(key, go.get(key), ours.get(key))
+        for key in sorted(go.keys() | ours.keys())
+        if key not in go or key not in ours or not same_value(go[key], ours[key])
+    ]
+
+
+def free_local_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class GoExporter:
+    """A running Go pg_exporter binary (built elsewhere, given by path)."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    def scrape(self, path: str = "/metrics", accept: str = "") -> str:
+        """One GET of ``path``, as text."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
+        if accept:
+            request.add_header("Accept", accept)
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            text: str = answer.read().decode("utf-8")
+            return text
+
+
+def go_command(binary: Path, url: str, config: Path, port: int) -> list[str]:
+    """The command line the values facts were recorded with."""
+    return [
+        str(binary),
+        f"--url={url}",
+        f"--config={config}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--auto-discovery=false",
+        "--disable-cache",
+        "--log.level=warn",
+    ]
+
+
+@contextmanager
+def go_exporter(binary: Path, url: str, config: Path, within: float = 30.0) -> Iterator[GoExporter]:
+    """Run the Go binary on ``url`` with ``config`` until the block ends; it is ready when
+    its ``/version`` answers."""
+    port = free_local_port()
+    # A file, not a pipe: Go stops when a pipe nobody reads is full of its warnings.
+    command = go_command(binary, url, config, port)
+    with tempfile.TemporaryFile() as log, subprocess.Popen(command, stderr=log) as process:
+        running = GoExporter(process, port)
+        try:
+            _wait_until_serving(running, log, within)
+            yield running
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _wait_until_serving(go: GoExporter, log: IO[bytes], within: float) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            go.scrape("/version")
+            return
+        except OSError:
+            if go.process.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                err = log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"the Go exporter did not start: {err}") from None
+            time.sleep(0.1)  # polled against the deadline above
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

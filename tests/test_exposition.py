@@ -134,11 +134,18 @@ def test_format_value(value: float, text: str) -> None:
         (0.00001, "1e-05"),
         (0.005, "0.005"),
         (-2.5, "-2.5"),
+        (-0.0, "-0"),  # a float8 label '-0' in Go 1.4.1 (tests/data/gocompat/values)
+        (1e21, "1e+21"),
+        (5e-324, "5e-324"),
+        (1.7976931348623157e308, "1.7976931348623157e+308"),
         (math.inf, "+Inf"),
+        (-math.inf, "-Inf"),
+        (math.nan, "NaN"),
     ],
 )
 def test_go_float(value: float, text: str) -> None:
-    """Bucket bounds are written the way Go's strconv 'g' shortest format writes them."""
+    """Bucket bounds and float labels are written the way Go's strconv 'g' shortest
+    format writes them."""
     assert go_float(value) == text
 
 

@@ -19,6 +19,7 @@ from exporter.exposition import Family, Format, encode
 from exporter.samples import SampleBuilder, layout_of
 
 UTC = dt.UTC
+BOOL, BYTEA, INT8, INT4, TEXT, FLOAT8, NUMERIC, TIMESTAMP = 16, 17, 20, 23, 25, 701, 1700, 1114
 
 
 def _collector(*columns: Column, key: str = "pg_t", name: str = "") -> Collector:
@@ -30,9 +31,10 @@ def _render(
     names: Sequence[str],
     rows: Sequence[Sequence[object]],
     const_labels: Sequence[tuple[str, str]] = (),
+    types: Sequence[int] | None = None,
 ) -> str:
     """Build, finish and encode in the text format."""
-    builder = SampleBuilder(collector, names, const_labels, None)
+    builder = SampleBuilder(collector, names, const_labels, None, types)
     builder.add_rows(list(rows))
     return encode(builder.finish(), Format.TEXT).decode()
 
@@ -69,17 +71,17 @@ def _same(a: float, b: float) -> bool:
         (dt.date(2024, 1, 2), None, 1704153600.0),
         (dt.date(1969, 12, 31), None, -86400.0),
         (dt.date(2024, 1, 2), 2.0, 1704153600.0),  # not scaled
-        (dt.timedelta(minutes=2, milliseconds=500), None, 120.5),
-        (dt.timedelta(seconds=3), 1000.0, 3000.0),  # a duration is a number of seconds
+        (dt.timedelta(minutes=2, milliseconds=500), None, math.nan),  # as Go: an interval
         ("42", None, 42.0),
-        (" -1.5e3 ", None, -1500.0),
+        ("-1.5e3", None, -1500.0),
+        (" -1.5e3 ", None, math.nan),  # padded: Go's parser refuses it
         ("3", 0.5, 1.5),
         ("NaN", None, math.nan),
         ("Inf", None, math.inf),
         ("-inf", None, -math.inf),
         ("not a number", None, math.nan),
         ("", None, math.nan),
-        (b"12", None, math.nan),
+        (b"12", None, 12.0),  # bytea holding digits, as Go reads it
         ([1, 2], None, math.nan),
         ({"a": 1}, None, math.nan),
         (uuid.UUID(int=5), None, math.nan),
@@ -114,8 +116,8 @@ def test_to_number_subclass_of_known_type() -> None:
         (12, "12"),
         (1.5, "1.5"),
         (Decimal("2.50"), "2.50"),
-        (dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC), "2024-01-02T03:04:05+00:00"),
-        (dt.date(2024, 1, 2), "2024-01-02"),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC), "1704164645"),  # Unix seconds, as Go
+        (dt.date(2024, 1, 2), "1704153600"),
         (b"caf\xc3\xa9", "café"),
         (b"\xff", "\\xff"),
         (b"caf\xe9", "caf\\xe9"),
@@ -157,19 +159,65 @@ def test_scale_and_fast_paths_agree_with_general_rules() -> None:
     assert _samples(decimals) == ['pg_t_v{k="a"} 0.75', 'pg_t_v{k="b"} NaN']
 
 
-def test_unscaled_numeric_keeps_its_digits() -> None:
-    """An unscaled numeric prints its own digits, in a uniform batch and a mixed one alike."""
+def test_numeric_keeps_its_digits_or_is_its_nearest_float() -> None:
+    """A numeric column (text from the loaders): its own digits while every parser reads
+    them as a float; beyond a float's range +Inf, never its 401 digits (issue 29); NaN;
+    a NULL among them, and a scale, as for any number."""
     collector = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE))
-    rows: list[tuple[str, object]] = [("a", Decimal("12.50")), ("b", Decimal("1E-7"))]
-    uniform = _render(collector, ["k", "v"], rows)
-    mixed = _render(collector, ["k", "v"], [*rows, ("c", Decimal("-Infinity")), ("d", None)])
-    assert _samples(uniform) == ['pg_t_v{k="a"} 12.50', 'pg_t_v{k="b"} 1E-7']
-    assert _samples(mixed) == [*_samples(uniform), 'pg_t_v{k="c"} -Inf', 'pg_t_v{k="d"} NaN']
-    assert [s.value for m in parse_text(uniform) for s in m.samples] == [12.5, 1e-7]
+    plain: list[tuple[str, object]] = [("a", "12.50"), ("b", "-0.0000001")]
+    assert _samples(_render(collector, ["k", "v"], plain, types=(TEXT, NUMERIC))) == [
+        'pg_t_v{k="a"} 12.50',
+        'pg_t_v{k="b"} -0.0000001',
+    ]
+    odd = [*plain, ("c", "1" + "0" * 400), ("d", "NaN"), ("e", None)]
+    text = _render(collector, ["k", "v"], odd, types=(TEXT, NUMERIC))
+    assert _samples(text) == [
+        'pg_t_v{k="a"} 12.5',
+        'pg_t_v{k="b"} -1e-07',
+        'pg_t_v{k="c"} +Inf',
+        'pg_t_v{k="d"} NaN',
+        'pg_t_v{k="e"} NaN',
+    ]
+    values = [s.value for m in parse_text(text) for s in m.samples]
+    assert values[:3] == [12.5, -1e-7, math.inf]
+    scaled = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE, scale=2.0))
+    assert _samples(_render(scaled, ["k", "v"], plain, types=(TEXT, NUMERIC))) == [
+        'pg_t_v{k="a"} 25.0',
+        'pg_t_v{k="b"} -2e-07',
+    ]
+
+
+def test_a_null_among_numbers_takes_its_place_in_the_batch() -> None:
+    """NULLs in a column of numbers (as pg_io has): the default or NaN in their rows, the
+    numbers rendered as without them."""
+    collector = _collector(
+        Column("k", Usage.LABEL),
+        Column("n", Usage.GAUGE),
+        Column("d", Usage.GAUGE, default=7.0, scale=2.0),
+        Column("b", Usage.GAUGE),
+    )
+    rows = [("a", 1, 1.5, True), ("b", None, None, None), ("c", 3, math.inf, False)]
+    text = _render(collector, ["k", "n", "d", "b"], rows, types=(TEXT, INT8, FLOAT8, BOOL))
+    assert _samples(text) == [
+        'pg_t_n{k="a"} 1',
+        'pg_t_n{k="b"} NaN',
+        'pg_t_n{k="c"} 3',
+        'pg_t_d{k="a"} 3.0',
+        'pg_t_d{k="b"} 14.0',
+        'pg_t_d{k="c"} +Inf',
+        'pg_t_b{k="a"} 1',
+        'pg_t_b{k="b"} NaN',
+        'pg_t_b{k="c"} 0',
+    ]
+    nothing = _render(
+        collector, ["k", "n", "d", "b"], [("z", None, None, None)], types=(TEXT, INT8, FLOAT8, BOOL)
+    )
+    assert _samples(nothing) == ['pg_t_n{k="z"} NaN', 'pg_t_d{k="z"} 14.0', 'pg_t_b{k="z"} NaN']
 
 
 def test_value_types_in_one_column() -> None:
-    """Booleans, timestamps and text in a value column follow the casting table."""
+    """Without type oids, booleans, timestamps and text in a value column are cast by
+    their Python type."""
     collector = _collector(Column("k", Usage.LABEL), Column("v", Usage.GAUGE, scale=10.0))
     rows = [
         ("bool", True),
@@ -180,11 +228,62 @@ def test_value_types_in_one_column() -> None:
     ]
     assert _samples(_render(collector, ["k", "v"], rows)) == [
         'pg_t_v{k="bool"} 1',
-        'pg_t_v{k="ts"} 2.0',
+        'pg_t_v{k="ts"} 2',
         'pg_t_v{k="text"} 15.0',
         'pg_t_v{k="junk"} NaN',
-        'pg_t_v{k="bytes"} NaN',
+        'pg_t_v{k="bytes"} 10.0',
     ]
+
+
+def test_each_column_is_cast_by_its_type_oid() -> None:
+    """With the result's type oids, the same Python value is cast by its column's type:
+    epoch seconds unscaled, numbers scaled, PostgreSQL's text parsed as Go parses it."""
+    collector = _collector(
+        Column("k", Usage.LABEL),
+        Column("ts", Usage.GAUGE, scale=10.0),
+        Column("n", Usage.GAUGE, scale=10.0),
+        Column("t", Usage.GAUGE, scale=10.0),
+        Column("b", Usage.GAUGE, scale=10.0),
+    )
+    types = (TEXT, TIMESTAMP, INT8, TEXT, BOOL)
+    rows = [("a", 7, 7, "7", True), ("b", math.inf, 8, " 8", False)]
+    text = _render(collector, ["k", "ts", "n", "t", "b"], rows, types=types)
+    assert _samples(text) == [
+        'pg_t_ts{k="a"} 7',
+        'pg_t_ts{k="b"} +Inf',
+        'pg_t_n{k="a"} 70.0',
+        'pg_t_n{k="b"} 80.0',
+        'pg_t_t{k="a"} 70.0',
+        'pg_t_t{k="b"} NaN',
+        'pg_t_b{k="a"} 1',
+        'pg_t_b{k="b"} 0',
+    ]
+
+
+def test_label_columns_are_cast_by_their_type_oid() -> None:
+    """Labels by type: floats in Go's form, timestamps Unix seconds or ``infinity``,
+    booleans, bytes decoded, NULL empty; ``scale`` and ``default`` do not apply."""
+    collector = _collector(
+        Column("f", Usage.LABEL, scale=2.0, default=1.0),
+        Column("ts", Usage.LABEL),
+        Column("b", Usage.LABEL),
+        Column("raw", Usage.LABEL),
+        Column("v", Usage.GAUGE),
+    )
+    types = (FLOAT8, TIMESTAMP, BOOL, BYTEA, INT4)
+    rows = [(1e6, 1709210096, True, b"caf\xe9", 1), (None, -math.inf, None, None, 2)]
+    text = _render(collector, ["f", "ts", "b", "raw", "v"], rows, types=types)
+    assert _samples(text) == [
+        'pg_t_v{f="1e+06",ts="1709210096",b="true",raw="caf\\\\xe9"} 1',
+        'pg_t_v{f="",ts="-infinity",b="",raw=""} 2',
+    ]
+
+
+def test_of_two_columns_of_one_name_the_last_counts() -> None:
+    """As in Go, a result with two columns of one name reads the last of them."""
+    collector = _collector(Column("l", Usage.LABEL), Column("v", Usage.GAUGE))
+    text = _render(collector, ["l", "l", "v", "v"], [("first", "last", 1, 2)])
+    assert _samples(text) == ['pg_t_v{l="last"} 2']
 
 
 def test_labels_order_rename_const_and_escaping() -> None:

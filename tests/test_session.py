@@ -8,14 +8,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from typing import cast
 
+import psycopg
 import pytest
 from psycopg import errors as pgerrors
+from psycopg.adapt import AdaptersMap
 
 from exporter.budget import Budget
 from exporter.cache import Outcome
 from exporter.definitions import Collector, Column, Usage
 from exporter.errors import TooManySeriesError
 from exporter.limits import Guards, Limits
+from exporter.postgres import Batch
 from exporter.prepared import Prepared
 from exporter.runtime import CollectorRuntime, Rules
 from exporter.session import Conn, Place, Session, timeout_message
@@ -33,6 +36,13 @@ def _session(clock: FakeClock | None = None, max_series: int = 100) -> Session:
                    clock=clock or FakeClock())  # fmt: skip
 
 
+class _Cursor:
+    """Only what a new cursor is given: loaders of its own (issue 30)."""
+
+    def __init__(self) -> None:
+        self.adapters = AdaptersMap(psycopg.adapters)
+
+
 class _Conn:
     """Only what the cursor bookkeeping touches of a connection: ``cursor()``."""
 
@@ -40,7 +50,7 @@ class _Conn:
         self.made: list[object] = []
 
     def cursor(self) -> object:
-        self.made.append(object())
+        self.made.append(_Cursor())
         return self.made[-1]
 
 
@@ -143,11 +153,9 @@ def test_nothing_prepared_means_the_error_is_the_collectors() -> None:
 # --- rows into samples, and a run without a connection ------------------------------
 
 
-async def _batches(
-    *batches: Sequence[tuple[object, ...]],
-) -> AsyncGenerator[tuple[Sequence[str], list[tuple[object, ...]]], None]:
+async def _batches(*batches: Sequence[tuple[object, ...]]) -> AsyncGenerator[Batch, None]:
     for rows in batches:
-        yield ("l", "v"), list(rows)
+        yield ("l", "v"), (25, 23), list(rows)  # text, int4
 
 
 async def test_an_empty_result_builds_nothing() -> None:
