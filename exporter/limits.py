@@ -94,6 +94,10 @@ class Limits:
             ("jit", "off"),  # compiling our short catalog queries costs more than it saves
             ("max_parallel_workers_per_gather", "0"),
             ("work_mem", f"{guards.work_mem_kb}kB"),
+            # PostgreSQL's text of dates and floats as the Go exporter's driver asks for
+            # it at login, whatever the database's owner set (issue 30).
+            ("DateStyle", "ISO, MDY"),
+            ("extra_float_digits", "2"),
         ]
         if guards.temp_file_limit_kb is not None:
             settings.append(("temp_file_limit", f"{guards.temp_file_limit_kb}kB"))

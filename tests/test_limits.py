@@ -40,6 +40,7 @@ def test_every_statement_runs_without_jit_or_parallel_workers_and_bounded_memory
     assert limits.value("max_parallel_workers_per_gather") == "0"
     assert limits.value("work_mem") == f"{WORK_MEM_CAP_KB}kB"
     assert "temp_file_limit" not in dict(limits.settings)
+    assert (limits.value("DateStyle"), limits.value("extra_float_digits")) == ("ISO, MDY", "2")
     big = Guards.of(180000, '"pg_catalog"', "1GB", "-1", may_set=True)
     assert big.work_mem_kb == WORK_MEM_CAP_KB
     assert big.temp_file_limit_kb == TEMP_FILE_CAP_KB

@@ -399,3 +399,26 @@ async def test_a_predicate_cannot_open_the_way_to_a_write(
             assert runtime.outcome is Outcome.ERROR, runtime.entry
     assert every_pg.psql(f"SELECT to_regclass('public.{table}') IS NULL") == "t"
     assert every_pg.psql(f"SELECT is_called FROM {table}_seq") == "f"
+
+
+async def test_a_database_owner_cannot_change_the_text_of_our_labels_and_values(
+    pg: LocalCluster, tenancy: Tenancy, start: Start
+) -> None:
+    """A database whose owner set another DateStyle and fewer float digits gives the
+    same label text and values as any other: ours are set as the Go exporter's driver
+    sets them at login (issue 30)."""
+    pg.psql(f"ALTER DATABASE {tenancy.database} SET DateStyle = 'SQL, DMY'; "
+            f"ALTER DATABASE {tenancy.database} SET extra_float_digits = -3")  # fmt: skip
+    config = """
+    tx_text:
+      query: SELECT ARRAY['2024-01-02'::date] AS days, 0.1::float8 + 0.2::float8 AS v
+      timeout: 5
+      metrics:
+        - days: {usage: LABEL, description: x}
+        - v: {usage: GAUGE, description: x}
+    """
+    url = pg.dsn(tenancy.database, user=tenancy.monitor)
+    served = await start(pg, config, disable_cache=True, url=url)
+    for _ in range(3):
+        response = await get(served.port)
+        assert 'tx_text_v{days="{2024-01-02}"} 0.30000000000000004' in response.text, response.text
