@@ -33,6 +33,7 @@ class CollectorState(enum.Enum):
     NORMAL = "normal"  # runs when its TTL says so
     BACKOFF = "backoff"  # failed several times in a row: waits longer than its TTL
     SHED = "shed"  # left out by the breaker at the last pass (D16)
+    STRETCHED = "stretched"  # refreshed less often to keep the server-time budget (issue 31)
 
 
 @dataclass(frozen=True, slots=True)

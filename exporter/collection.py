@@ -28,6 +28,7 @@ from exporter.gate import Gate
 from exporter.passes import CollectionPass, PassStats, Snapshot
 from exporter.seriescap import SeriesCap
 from exporter.server import Server
+from exporter.servertime import ServerTimeBudget
 from exporter.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Exporter:
         self.main = self.databases.main
         self.breaker = Breaker(policy or BreakerPolicy(), random)  # the target's (D16)
         self.series_cap = SeriesCap(settings.max_total_series)  # exposition-wide
+        self.server_time = ServerTimeBudget(settings.server_time_budget, random=random)
         self.lock = asyncio.Lock()
         self.stats = PassStats()
         self.pending: Definitions | None = None  # reloaded, waiting for the next pass
@@ -163,7 +165,8 @@ class Exporter:
         self._apply_pending()
         walk = CollectionPass(self.databases, self.breaker, self.series_cap, self.stats,
                               width=self.width, clock=self.clock,
-                              recovery_seen=self.recovery_seen)  # fmt: skip
+                              recovery_seen=self.recovery_seen,
+                              server_time=self.server_time)  # fmt: skip
         return await walk.run(budget)
 
     @property

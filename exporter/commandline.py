@@ -74,6 +74,12 @@ def _settings(src: _Source, url: str, path_problems: PathProblems) -> Settings:
         connect_timeout=_connect_timeout(src),
         max_series=_whole(src, "max-series", defaults.DEFAULT_MAX_SERIES, rules.MAX_SERIES),
         backoff_ceiling=_backoff_ceiling(src),
+        server_time_budget=_amount(
+            src,
+            "server-time-budget",
+            defaults.DEFAULT_SERVER_TIME_BUDGET_MS,
+            rules.SERVER_TIME_BUDGET_MS,
+        ),
         max_connections=_whole(
             src, "max-connections", defaults.DEFAULT_MAX_CONNECTIONS, rules.MAX_CONNECTIONS
         ),
@@ -265,6 +271,18 @@ def _whole(src: _Source, name: str, default: int, rule: rules.Whole) -> int:
 def _optional_whole(src: _Source, name: str, rule: rules.Whole) -> int | None:
     """A whole number in ``rule``'s range, or None when not given (a derived default)."""
     return _whole(src, name, 0, rule) if src.lookup(name) is not None else None
+
+
+def _amount(src: _Source, name: str, default: float, rule: rules.Amount) -> float:
+    """A number in ``rule``'s range; the error names the flag or variable and the range."""
+    found = src.lookup(name)
+    if found is None:
+        return default
+    text, origin = found
+    value = rules.number(text)
+    if value is None or not rule.holds(value):
+        raise UsageError(f"{origin} must be {rule}, not {excerpt(text)}")
+    return value
 
 
 def _connect_timeout(src: _Source) -> float:

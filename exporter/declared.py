@@ -63,6 +63,7 @@ OPTIONS = frozenset(
         "max_connections",
         "parallel_databases",
         "namespace",
+        "server_time_budget",
         *PASSWORD_SOURCES,
     }
 )
@@ -320,6 +321,12 @@ class _Reader:
             return None
         return value
 
+    def amount(self, where: str, value: object, rule: rules.Amount) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not rule.holds(value):
+            self.notes.error(where, f"must be {rule}, got {excerpt(value)}")
+            return None
+        return float(value)
+
     def namespace(self, where: str, value: object) -> str | None:
         if not rules.is_namespace(value):
             self.notes.error(where, f"must be {rules.NAMESPACE_RULE}, got {excerpt(value)}")
@@ -337,6 +344,7 @@ _OPTION_READERS: dict[str, _Read] = {
     "max_connections": lambda r, w, v: r.count(w, v, rules.MAX_CONNECTIONS),
     "parallel_databases": lambda r, w, v: r.count(w, v, rules.PARALLEL_DATABASES),
     "namespace": _Reader.namespace,
+    "server_time_budget": lambda r, w, v: r.amount(w, v, rules.SERVER_TIME_BUDGET_MS),
 }
 _SETTING_OF = {"labels": "const_labels"}
 

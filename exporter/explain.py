@@ -89,9 +89,11 @@ def last_plans(exporter: Exporter) -> str:
 
 
 def degradation_text(exporter: Exporter) -> str:
-    """The breaker's state, and what the last pass shed or held back, for ``/explain``."""
+    """The breaker's state and the server-time budget's (issue 31), and what the last pass
+    shed, held back or stretched, for ``/explain``."""
     now = exporter.clock()
-    lines = [f"breaker: {exporter.breaker.describe(now)}"]
+    lines = [f"breaker: {exporter.breaker.describe(now)}",
+             f"server-time budget: {exporter.server_time.describe(now)}"]  # fmt: skip
     for server in exporter.servers:
         if server.shed:
             lines.append(f"  shed on {server.label}: {', '.join(server.shed)}")
@@ -103,4 +105,6 @@ def degradation_text(exporter: Exporter) -> str:
         ]
         if waiting:
             lines.append(f"  backing off on {server.label}: {', '.join(waiting)}")
+        if stretched := exporter.server_time.stretched_on(server.label):
+            lines.append(f"  stretched on {server.label}: {stretched}")
     return "\n".join(lines) + "\n"

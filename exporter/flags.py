@@ -106,6 +106,12 @@ FLAGS = (
          "Longest wait before a collector that keeps failing runs again: the wait starts at "
          "its ttl and doubles with each failure in a row, with jitter. 0 waits the ttl only. "
          "A collector's own backoff_ceiling overrides it."),
+    Flag("server-time-budget",  "",  _ENV + "SERVER_TIME_BUDGET", _V, "MS",
+         f"{defaults.DEFAULT_SERVER_TIME_BUDGET_MS:g}",
+         "Most milliseconds of server time a second the exporter's statements may take, "
+         "averaged over 5 minutes: over it, the costliest of the least important collectors "
+         "are refreshed less often, never beyond their back-off ceiling, never a fatal one. "
+         "0: no budget."),
     Flag("max-connections",     "",  _ENV + "MAX_CONNECTIONS", _V, "N",
          str(defaults.DEFAULT_MAX_CONNECTIONS),
          "Most connections the exporter holds to its target at once, the health probe's "

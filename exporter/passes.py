@@ -2,8 +2,9 @@
 
 The main database is walked first; once its preflight has named the others, they are
 walked beside it, at most ``width`` at once (issue 13, issue 22). What the breaker
-sheds is decided before the walk and the pass judged after it (D16); the series cap
-applies to what all of them produced (issue 13).
+sheds is decided before the walk and the pass judged after it (D16), then what the
+server-time budget stretches, and what the statements took is measured for it (issue 31);
+the series cap applies to what all of them produced (issue 13).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from exporter.databases import Databases
 from exporter.exposition import Family
 from exporter.seriescap import Part, SeriesCap
 from exporter.server import Server, ServerResult
+from exporter.servertime import ServerTimeBudget
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class CollectionPass:
         width: int,
         clock: Callable[[], float],
         recovery_seen: Callable[[bool], None] | None,
+        server_time: ServerTimeBudget | None = None,
     ) -> None:
         self.databases = databases
         self.breaker = breaker
@@ -67,6 +70,7 @@ class CollectionPass:
         self.width = width  # databases walked at once, the main one too
         self.clock = clock
         self.recovery_seen = recovery_seen  # told the recovery state the preflight read
+        self.server_time = server_time or ServerTimeBudget(0.0)  # the target's (issue 31)
 
     async def run(self, budget: Budget) -> Snapshot:
         """Walk every database, publish what fits the series cap, judge the pass (D16)."""
@@ -74,6 +78,7 @@ class CollectionPass:
         snapshot = Snapshot(families=[])
         tally = PassTally()
         shedding = self._shedding()
+        self.server_time.begin(start, self.databases.servers, shedding)  # after the breaker
         parts: list[Part] = []
         slots = asyncio.Semaphore(self.width)  # databases walked at once, the main one too
         ready = asyncio.Event()  # the main database's preflight is done
@@ -87,6 +92,9 @@ class CollectionPass:
         # there makes the target down, whatever they produced meanwhile.
         for other in others if self.databases.main.up else ():
             failed |= self._merge(other.result(), snapshot, tally, parts)
+        results = [main.result(), *(other.result() for other in others)]
+        self.server_time.record(start, sum(r.server_time for r in results),
+                                sum(r.preflight_time for r in results))  # fmt: skip
         snapshot.families = self.series_cap.apply(parts)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).

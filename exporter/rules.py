@@ -10,6 +10,7 @@ The collector validator asks the same label-name rule of a collector's labels.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ NAMESPACE_RULE = f"a valid metric name prefix ({LABEL_NAME.pattern})"
 # Go's flag parsing both hold 32-bit ints; past this a value is a typo, not a setting.
 MAX_WHOLE = 2**31 - 1
 _WHOLE = re.compile(r"[-+]?[0-9]+")
+_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?")
 _WHOLE_DIGITS = 20  # more digits than any value in range: refused without int()
 
 
@@ -55,6 +57,24 @@ class Whole:
         return f"{self.meaning} (a whole number from {self.minimum} to {MAX_WHOLE})"
 
 
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """The numbers a setting takes: finite, from 0 to ``maximum``."""
+
+    maximum: float
+    meaning: str  # what the number counts, as an error says it
+
+    def holds(self, value: float) -> bool:
+        """True when ``value`` is in range."""
+        # An int from YAML may be too large for a float: compared as it is.
+        return (not isinstance(value, float) or math.isfinite(value)) and (
+            0 <= value <= self.maximum
+        )
+
+    def __str__(self) -> str:
+        return f"{self.meaning} (a number from 0 to {self.maximum:g})"
+
+
 CONNECT_TIMEOUT_MS = Whole(-MAX_WHOLE, f"milliseconds (0 or less: {DEFAULT_CONNECT_TIMEOUT_MS})")
 MAX_SERIES = Whole(1, "greater than 0")
 # The health probe's connection and at least one database's.
@@ -64,6 +84,8 @@ MAX_TOTAL_SERIES = Whole(0, "0 (no limit) or more")
 MAX_CONCURRENT_TARGETS = Whole(1, "at least 1")
 SERVER_MAX_CONNECTIONS = Whole(2, "at least 2, a health probe's connection and a pass's")
 SERVER_MAX_FAILED_LOGINS = Whole(1, "failed logins a minute, at least 1")
+# A thousand cores' worth: past it a value is a typo, not a budget.
+SERVER_TIME_BUDGET_MS = Amount(1_000_000, "milliseconds of server time a second, 0 for none")
 
 
 def whole_number(text: str) -> int | None:
@@ -79,6 +101,15 @@ def whole_number(text: str) -> int | None:
     if len(digits) > _WHOLE_DIGITS:
         return -(MAX_WHOLE + 1) if digits.startswith("-") else MAX_WHOLE + 1
     return int(digits)
+
+
+def number(text: str) -> float | None:
+    """The decimal number ``text`` spells (spaces around it allowed), or None. Only digits,
+    a point, a sign and an exponent: no underscores, no ``inf`` or ``nan``."""
+    digits = text.strip()
+    if not _NUMBER.fullmatch(digits):
+        return None
+    return float(digits)
 
 
 def items(text: str) -> list[str]:

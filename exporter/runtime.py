@@ -1,5 +1,6 @@
 """One collector's runtime on one database: its cached result, statistics, back-off,
-predicate answers and whether the breaker shed it, with the rules over them.
+predicate answers, whether the breaker shed it and how far the server-time budget
+stretched its ttl, with the rules over them.
 
 What the Go exporter calls a ``Collector`` (our :class:`~exporter.definitions.Collector`
 is the definition). Plain state and arithmetic: the caller reads the clock and passes
@@ -60,6 +61,7 @@ class CollectorRuntime:
     backoff: Backoff | None = None  # None until a failure; cleared by a success (D15)
     answers: dict[str, Answer] = field(default_factory=dict)  # by predicate name (D17)
     shed: bool = False  # the breaker left it out of the last pass (D16)
+    stretch: float = 0.0  # the ttl the server-time budget stretched it to; 0: none (issue 31)
 
     @property
     def ran(self) -> bool:
@@ -78,18 +80,27 @@ class CollectorRuntime:
             return CollectorState.SHED
         if self.backoff is not None and self.backoff.backing_off:
             return CollectorState.BACKOFF
-        return CollectorState.NORMAL
+        return CollectorState.STRETCHED if self.stretch > 0 else CollectorState.NORMAL
+
+    @property
+    def ttl(self) -> float:
+        """How long its result is served: its ttl, or the longer one it is stretched to."""
+        return max(self.collector.ttl, self.stretch)
 
     def retry_in(self, now: float) -> float:
         """Seconds until a collector in back-off may run again (0 when it may run now)."""
         return retry_in(self.backoff, now)
 
     def held_back(self, now: float, *, shed: bool = False) -> Outcome | None:
-        """Why the collector does not run now: CACHED within its TTL (B6, B14), BACKOFF
-        while failures in a row make it wait (D15), SHED when the breaker leaves it out
-        (D16); None when it runs."""
+        """Why the collector does not run now: CACHED within its TTL (B6, B14), STRETCHED
+        within the longer one the server-time budget gives it, --disable-cache or not
+        (issue 31), BACKOFF while failures in a row make it wait (D15), SHED when the
+        breaker leaves it out (D16); None when it runs. A stretch and a back-off wait
+        overlap: whichever ends later holds it, neither lengthens the other."""
         if is_fresh(self.entry, self.collector.ttl, now, disable_cache=self.rules.disable_cache):
             return Outcome.CACHED
+        if self.stretch > 0 and is_fresh(self.entry, self.stretch, now, disable_cache=False):
+            return Outcome.STRETCHED
         backoff = self.backoff
         if backoff is not None and backoff.backing_off and now < backoff.retry_at:
             return Outcome.BACKOFF
@@ -102,7 +113,7 @@ class CollectorRuntime:
         if held is None:
             return None
         self.stats.record(held)
-        if held is Outcome.CACHED and self.entry is not None:
+        if held in (Outcome.CACHED, Outcome.STRETCHED) and self.entry is not None:
             return self.entry
         return Entry((), held, now, 0.0)
 

@@ -80,6 +80,7 @@ class SelfMetrics:
             *self.prepared(exporter),
             *self.per_query(rows),
             *self.degradation(exporter),
+            *self.server_time(exporter),
             *self.connections(exporter),
             *self.series_cap(exporter),
             *self.requests(admission),
@@ -274,6 +275,25 @@ class SelfMetrics:
                          float(shed)),
         ]  # fmt: skip
 
+    def server_time(self, exporter: Exporter) -> list[Family]:
+        """What the exporter's statements take of the server's time, and its budget (issue
+        31); per collector, the ttl it is stretched to is among the ``…_query_*``."""
+        budget = exporter.server_time
+        return [
+            self._single("exporter_server_time_seconds_total", "counter",
+                         "seconds the exporter's statements took, as the client waited for them",
+                         budget.meter.total),
+            self._single("exporter_server_time_budget_ratio", "gauge",
+                         "--server-time-budget: seconds of server time a second; 0 for none",
+                         budget.budget),
+            self._single("exporter_server_time_demand_ratio", "gauge",
+                         "seconds a second the collectors would take unstretched, as predicted",
+                         budget.demand),
+            self._single("exporter_server_time_stretched_collectors", "gauge",
+                         "collectors, over all databases, refreshed less often for the budget",
+                         float(len(budget.stretched))),
+        ]  # fmt: skip
+
     def connections(self, exporter: Exporter) -> list[Family]:
         """The connection limit and its churn (issue 13); the probe's is not counted."""
         connections = exporter.connections
@@ -351,4 +371,6 @@ _PER_QUERY: tuple[tuple[str, str, Callable[[CollectorRow], float]], ...] = (
      lambda row: row.failures),
     ("shed", "1 when the breaker left the collector out of the last pass",
      lambda row: _b(row.state is CollectorState.SHED)),
+    ("stretched_ttl_seconds", "the ttl the server-time budget stretched the collector to; 0: none",
+     lambda row: row.stretched),
 )  # fmt: skip

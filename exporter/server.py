@@ -60,6 +60,8 @@ class ServerResult:
     error: str = ""  # connection/preflight or fatal collector failure
     interrupted: Interruption | None = None  # when the request stopped the walk
     tally: PassTally = field(default_factory=PassTally)  # for the breaker (D16)
+    server_time: float = 0.0  # seconds its statements took: preflight and collectors (issue 31)
+    preflight_time: float = 0.0  # of which the preflight's
 
     @property
     def families(self) -> list[Family]:
@@ -105,6 +107,10 @@ class Server:
         self.error_count = 0
         self.total_seconds = 0.0
         self.last_duration = 0.0
+        # Seconds our statements took since start, as the client waited for them: every
+        # collector run and preflight, and the preflights alone (issue 31).
+        self.statement_seconds = 0.0
+        self.preflight_seconds = 0.0
 
     @property
     def label(self) -> str:
@@ -131,11 +137,16 @@ class Server:
             self.connections.opened_for(self)
         else:
             self.connections.used(self)
+        started = self.clock()
         try:
             pre = await self._preflight(self.conn)
         except psycopg.Error:
             await self.disconnect()
             raise
+        finally:
+            took = self.clock() - started
+            self.statement_seconds += took
+            self.preflight_seconds += took
         self.databases = pre.databases
         self._note_unnamed(pre.unnamed)
         # Facts are read on every pass and planning is pure and cheap, so any change
@@ -220,6 +231,7 @@ class Server:
         read the server's facts, before the first collector."""
         start = self.clock()
         result = ServerResult()
+        spent = self.statement_seconds, self.preflight_seconds
         self.connections.busy(self, busy=True)  # its connection is not closed for another's
         try:
             result.interrupted = budget.interruption()
@@ -235,6 +247,8 @@ class Server:
             self.up = False
         finally:
             self.connections.busy(self, busy=False)
+        result.server_time = self.statement_seconds - spent[0]
+        result.preflight_time = self.preflight_seconds - spent[1]
         self.last_duration = self.clock() - start
         self.total_seconds += self.last_duration
         self.scrape_count += 1
@@ -320,6 +334,7 @@ class Server:
         entry = runtime.hold(self.clock(), shed=shed)
         if entry is None:
             entry = await self.refresh(runtime, budget)
+            self.statement_seconds += entry.duration  # the server-time budget's (issue 31)
             tally.executed += 1
             tally.timeouts += entry.outcome is Outcome.TIMEOUT
             lost = self.conn is None  # the connection died under this collector (D7, D8)

@@ -31,6 +31,9 @@ DEFAULT_MAX_CONCURRENT_TARGETS = 8  # fleet mode: targets collected at once
 # own --max-connections, when larger, is the default instead: it is never cut.
 DEFAULT_SERVER_MAX_CONNECTIONS = 20
 DEFAULT_SERVER_MAX_FAILED_LOGINS = 60  # a minute at one server, after a first burst
+# Milliseconds of server time per second the exporter's statements may take (issue 31):
+# far above what the default library costs an ordinary database (docs/degradation.md).
+DEFAULT_SERVER_TIME_BUDGET_MS = 200.0
 CONFIG_CANDIDATES = ("./pg_exporter.yml", "/etc/pg_exporter.yml", "/etc/pg_exporter")
 
 
@@ -75,6 +78,7 @@ class Settings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # to the target at once, the probe's included
     parallel_databases: int = DEFAULT_PARALLEL_DATABASES  # at most the databases' connections
     max_total_series: int = DEFAULT_MAX_TOTAL_SERIES  # one pass, every collector; 0: no limit
+    server_time_budget: float = DEFAULT_SERVER_TIME_BUDGET_MS  # ms a second; 0: none
     targets_file: str | None = None  # fleet mode: the declared targets (docs/fleet.md)
     max_concurrent_targets: int = DEFAULT_MAX_CONCURRENT_TARGETS  # fleet mode: passes at once
     server_max_connections: int | None = None  # per server; None: the default (see below)

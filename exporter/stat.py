@@ -38,10 +38,16 @@ class CollectorRow:
     state: CollectorState = CollectorState.NORMAL  # shed, else backoff, if any branch is
     failures: int = 0  # failures in a row (D15)
     retry_in: float = 0.0  # seconds until a collector in back-off may run again
+    stretched: float = 0.0  # the ttl the server-time budget stretched it to (issue 31)
 
 
 def _worse(a: CollectorState, b: CollectorState) -> CollectorState:
-    order = (CollectorState.NORMAL, CollectorState.BACKOFF, CollectorState.SHED)
+    order = (
+        CollectorState.NORMAL,
+        CollectorState.STRETCHED,
+        CollectorState.BACKOFF,
+        CollectorState.SHED,
+    )
     return max(a, b, key=order.index)
 
 
@@ -66,9 +72,11 @@ def collector_rows(servers: Iterable[Server], now: float) -> list[CollectorRow]:
 
 
 def _add(row: CollectorRow, runtime: CollectorRuntime, now: float) -> None:
-    """Fold one branch's cache, back-off (D15), shedding (D16) and statistics into its row."""
-    row.ttl_left = max(row.ttl_left, ttl_left(runtime.entry, runtime.collector.ttl, now))
+    """Fold one branch's cache, back-off (D15), shedding (D16), stretch (issue 31) and
+    statistics into its row."""
+    row.ttl_left = max(row.ttl_left, ttl_left(runtime.entry, runtime.ttl, now))
     row.state = _worse(row.state, runtime.state)
+    row.stretched = max(row.stretched, runtime.stretch)
     if runtime.backoff is not None:
         row.failures = max(row.failures, runtime.backoff.failures)
         row.retry_in = max(row.retry_in, runtime.retry_in(now))
@@ -100,6 +108,7 @@ _HEADER = (
     "state",
     "fails",
     "retry_in",
+    "stretch",
     "conns",
     "outcomes",
     "branch",
@@ -127,6 +136,7 @@ def stat_text(exporter: Exporter) -> str:
                 row.state.value,
                 str(row.failures),
                 f"{row.retry_in:.1f}",
+                f"{row.stretched:.1f}" if row.stretched else "-",
                 str(exporter.connections.opened_by.get(row.datname, 0)),
                 outcomes or "-",
                 ",".join(row.branches),

@@ -135,6 +135,24 @@ def test_url_file_holds_the_whole_url(tmp_path: Path) -> None:
             "2147483647), got ",
         ),
         (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    server_time_budget: -5",
+            "targets[0](a).server_time_budget: must be milliseconds of server time a second, "
+            "0 for none (a number from 0 to 1e+06), got -5",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    server_time_budget: '50'",
+            "targets[0](a).server_time_budget: must be milliseconds",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    server_time_budget: .nan",
+            "targets[0](a).server_time_budget: must be milliseconds",
+        ),
+        (
+            "targets:\n  - name: a\n    url: postgresql:///x\n    server_time_budget: 1"
+            + "0" * 400,
+            "targets[0](a).server_time_budget: must be milliseconds",
+        ),
+        (
             "targets:\n  - name: a\n    url: postgresql:///x\n    labels: {__x: y}",
             "targets[0](a).labels.__x: not a valid label name",
         ),
@@ -152,6 +170,22 @@ def test_problems_are_located_and_explained(tmp_path: Path, text: str, expected:
     message = _problems(path)
     assert expected in message
     assert message.startswith(f"{path}: the targets file has problems")
+
+
+def test_a_server_time_budget_is_set_per_target_or_for_all(tmp_path: Path) -> None:
+    """issue 31: ``server_time_budget`` in the defaults applies to every target, a target's
+    own replaces it, and a target with neither keeps the process's (``BASE``'s)."""
+    path = _write(
+        tmp_path,
+        "defaults: {server_time_budget: 50}\n"
+        "targets:\n  - name: a\n    url: postgresql:///x\n"
+        "  - name: b\n    url: postgresql:///y\n    server_time_budget: 0.5\n",
+    )
+    a, b = (t.settings.server_time_budget for t in load_targets(path, BASE, {}).targets)
+    assert (a, b) == (50.0, 0.5)
+    plain = _write(tmp_path, "targets:\n  - name: c\n    url: postgresql:///z\n", "plain.yml")
+    (only,) = load_targets(plain, BASE, {}).targets
+    assert only.settings.server_time_budget == BASE.server_time_budget
 
 
 def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ def test_the_page_names_what_is_shed_and_what_backs_off_with_its_next_try() -> N
     lines = degradation_text(exporter).splitlines()
     assert lines == [
         "breaker: normal: every planned collector runs",
+        "server-time budget: 200 ms/s, not measured yet: it acts after 30s of passes",
         "  shed on db: shed",
         "  backing off on db: failing (2 failures in a row, next try in 15s)",
     ]
