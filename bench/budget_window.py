@@ -245,8 +245,8 @@ def _phase(setting: Setting, name: str, budget: float | None) -> Phase:
     cluster, options = setting.cluster, setting.options
     spec = library.launch(library.OURS, "cached", cluster.dsn(user=bigdb_build.MONITOR),
                           options.library)  # fmt: skip
-    if budget is not None:
-        spec = replace(spec, argv=(*spec.argv, FLAG, f"{budget:g}"))
+    # Without a budget is with none at all (0), not with the exporter's default.
+    spec = replace(spec, argv=(*spec.argv, FLAG, f"{budget:g}" if budget is not None else "0"))
     tag = "budget" if budget is not None else "free"
     log = setting.workdir / f"budget-pg{cluster.version // 10000}-{tag}.log"
     with running(spec, log) as proc:
