@@ -31,8 +31,8 @@ from exporter.exposition import (
     content_type,
     encode_chunks,
     negotiate,
-    runtime_families,
 )
+from exporter.process import runtime_families
 from exporter.state import State
 from exporter.web.state import STATE
 
