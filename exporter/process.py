@@ -83,7 +83,8 @@ def _process(labels: Labels) -> list[Family]:
             "process_cpu_seconds_total",
             "counter",
             "Total user and system CPU time spent in seconds.",
-            [(labels, (utime + stime) / _TICKS)],
+            # Each divided first, as client_python does: the same value to the last bit.
+            [(labels, utime / _TICKS + stime / _TICKS)],
         ),
     ]
     return families + _descriptors(labels)
