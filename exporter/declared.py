@@ -18,7 +18,6 @@ The file (see docs/fleet.md)::
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -363,6 +362,8 @@ def _has_password(url: str) -> bool:
 
 
 def _suggest(key: object, known: frozenset[str]) -> str:
+    import difflib  # only for a mistyped key: 0.2 MiB when imported (issue 31)
+
     close = difflib.get_close_matches(str(key), sorted(known), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"{hint} (known: {', '.join(sorted(known))})"

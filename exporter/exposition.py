@@ -14,9 +14,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.registry import Collector as ClientCollector
-
 
 class Format(enum.Enum):
     """A wire format the telemetry endpoint can answer in."""
@@ -296,28 +293,3 @@ def encode_chunks(
     if fmt is Format.OPENMETRICS:
         chunks.append(_EOF)
     return chunks
-
-
-_RUNTIME_REGISTRY = CollectorRegistry()
-_RUNTIME_COLLECTORS: tuple[ClientCollector, ...] = (
-    ProcessCollector(registry=_RUNTIME_REGISTRY),
-    PlatformCollector(registry=_RUNTIME_REGISTRY),
-    GCCollector(registry=_RUNTIME_REGISTRY),
-)
-
-
-def runtime_families(const_labels: Sequence[tuple[str, str]]) -> list[Family]:
-    """Python process, platform and GC metrics, named as client_python's text format names them."""
-    families: list[Family] = []
-    for collector in _RUNTIME_COLLECTORS:
-        for metric in collector.collect():
-            kind = metric.type if metric.type in ("gauge", "counter") else "untyped"
-            # client_python strips "_total" from counter families; its samples keep it.
-            name = metric.name + "_total" if kind == "counter" else metric.name
-            samples = [
-                ((*sorted(s.labels.items()), *const_labels), s.value)
-                for s in metric.samples
-                if s.name == name
-            ]
-            families.append(make_family(name, kind, metric.documentation, samples))
-    return families

@@ -25,8 +25,8 @@ from exporter.exposition import (
     label_block,
     make_family,
     negotiate,
-    runtime_families,
 )
+from exporter.process import runtime_families
 from tests.promtool import unexpected_problems
 
 

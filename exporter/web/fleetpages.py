@@ -27,10 +27,11 @@ from exporter.admission import Admission
 from exporter.budget import SCRAPE_TIMEOUT_HEADER, budget_seconds
 from exporter.bulkheads import Bulkhead, server_samples
 from exporter.declared import Declared
-from exporter.exposition import Family, Format, content_type, encode, make_family, runtime_families
+from exporter.exposition import Family, Format, content_type, encode, make_family
 from exporter.fleet import Fleet, Member
 from exporter.logs import TARGET
 from exporter.probeslots import ProbeSlots
+from exporter.process import runtime_families
 from exporter.web.fleet import FLEET, FLEET_PAGE, member_for
 from exporter.web.metrics import Answer, expose, write
 from exporter.web.pages import html_page

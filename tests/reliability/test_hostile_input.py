@@ -31,8 +31,9 @@ from exporter.budget import DEFAULT_BUDGET, budget_seconds
 from exporter.cli import parse_settings
 from exporter.definitions import Definitions
 from exporter.errors import ConfigError, TargetError, UsageError
-from exporter.exposition import Format, encode, negotiate, runtime_families
+from exporter.exposition import Format, encode, negotiate
 from exporter.loading import load_definitions
+from exporter.process import runtime_families
 from exporter.target import MASK, Target, database_of, mask
 
 CI = settings(

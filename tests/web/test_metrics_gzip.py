@@ -148,6 +148,32 @@ def test_compressors_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert compressor_for(Owner(), Format.TEXT) is not None  # a target gone frees its place
 
 
+async def test_a_gzipped_answer_is_never_joined_whole(aiohttp_client: AiohttpClient) -> None:
+    """An answer made of chunks is gzipped from them: the body is joined only when a
+    client takes it uncompressed, and then once for every such client."""
+    chunks = encode_chunks([make_family(f"m_{n}", "gauge", "h", [((), n)]) for n in range(50)],
+                           Format.TEXT)  # fmt: skip
+    answers: list[Answer] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        answer = answers[-1]
+        return await write(request, Admission(limit=4), answer, 10.0)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    client = await aiohttp_client(app)
+    answers.append(Answer(None, "text/plain", chunks, PrefixGzip()))
+    zipped = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+    assert await zipped.read() == b"".join(chunks)  # aiohttp's client inflates it
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    assert not answers[-1].joined
+    plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert await plain.read() == b"".join(chunks)
+    assert answers[-1].joined
+    body = answers[-1].body
+    assert answers[-1].body is body  # joined once
+
+
 async def test_a_real_client_reads_every_gzipped_answer(aiohttp_client: AiohttpClient) -> None:
     """Through aiohttp's client, gzip accepted: each answer decodes to the identity body
     while the exposition's leading families stay, change and disappear."""
