@@ -34,7 +34,7 @@ import psycopg
 from bench import bigdb_build, library
 from bench.exporters import ExporterFailed, running
 from bench.measure import memory, percentile, process_cpu_seconds, scrape
-from exporter.loading import load_definitions
+from exporter.config.loading import load_definitions
 from rigs.localpg import LocalCluster
 
 if TYPE_CHECKING:

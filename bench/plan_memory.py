@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from bench import library
 from bench.exporters import running
 from bench.measure import scrape
-from exporter.probe import PROBE_SQL
+from exporter.health.probe import PROBE_SQL
 from rigs.localpg import LocalCluster, pg18_bindir
 
 # A memory context line: "[pid] ... level: N; Name: 123 total in ..."

@@ -28,7 +28,7 @@ from bench.measure import (
 )
 from bench.report import Result, render, write_json
 from bench.workload import ConfigFiles, Workload, write_configs
-from exporter.settings import DEFAULT_MAX_SERIES
+from exporter.config.settings import DEFAULT_MAX_SERIES
 
 SMALL = Workload("16k", rows=2_000, scrapes=30)
 BIG = Workload("200k", rows=25_000, scrapes=8)

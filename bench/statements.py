@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.loading import load_definitions
+from exporter.config.loading import load_definitions
 from rigs.localpg import LocalCluster
 
 UTILITY = re.compile(r"\s*(BEGIN|SET|RESET|COMMIT|ROLLBACK|DISCARD)\b", re.IGNORECASE)

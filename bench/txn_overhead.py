@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 
-from exporter import postgres
-from exporter.definitions import Collector, Column, Usage
-from exporter.limits import Guards, Limits, limits_sql
+from exporter.config.definitions import Collector, Column, Usage
+from exporter.pg import postgres
+from exporter.pg.limits import Guards, Limits, limits_sql
 from rigs.localpg import LocalCluster, pg18_bindir
 
 QUERY = "SELECT 1 AS v"

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.budget import SCRAPE_TIMEOUT_HEADER
+from exporter.collect.budget import SCRAPE_TIMEOUT_HEADER
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
 from tests.fixtures.helpers import statement_calls, value
 from tests.fixtures.rawhttp import RawClient, get

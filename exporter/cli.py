@@ -2,7 +2,7 @@
 ``--explain``.
 
 How the command line and the environment become :class:`Settings` is
-:mod:`exporter.commandline`; this module decides what to run with them and the
+:mod:`exporter.config.commandline`; this module decides what to run with them and the
 process's exit code.
 """
 
@@ -14,12 +14,12 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import exporter
-from exporter.commandline import read_settings
-from exporter.declared import Declared, load_targets
-from exporter.dryrun import render_definitions
+from exporter.config.commandline import read_settings
+from exporter.config.dryrun import render_definitions
+from exporter.config.logs import configure_logging
+from exporter.config.settings import Settings
+from exporter.config.targetsfile import Declared, load_targets
 from exporter.errors import ConfigError, InfoRequested, UsageError
-from exporter.logs import configure_logging
-from exporter.settings import Settings
 from exporter.signals import SIGNALS
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _clear_libpq_overrides() -> None:
 
 
 def _run(settings: Settings) -> int:
-    from exporter.loading import load_for_settings
+    from exporter.config.loading import load_for_settings
 
     where = (
         {"targets": settings.targets_file}
@@ -113,11 +113,11 @@ def _run(settings: Settings) -> int:
                 "--explain reads the one target of --url; in fleet mode read "
                 "/explain?target=NAME of the running exporter"
             )
-        from exporter import explain
+        from exporter.report import explain
 
         return explain.run(settings, definitions)
     from exporter import serve
-    from exporter.web.config import WebConfig, load_web_config
+    from exporter.web.webconfig import WebConfig, load_web_config
 
     path = settings.web_config_file
     web_config = load_web_config(path) if path else WebConfig()

@@ -19,17 +19,17 @@ from typing import Any
 from aiohttp import web
 
 from exporter import systemd
-from exporter.collection import Exporter
-from exporter.declared import Declared
-from exporter.definitions import Definitions
-from exporter.logs import TARGET
-from exporter.settings import ListenAddress, Settings
+from exporter.collect.exporter import Exporter
+from exporter.config.definitions import Definitions
+from exporter.config.logs import TARGET
+from exporter.config.settings import ListenAddress, Settings
+from exporter.config.targetsfile import Declared
 from exporter.signals import EXIT_DEADLINE, SIGNALS, exit_within
 from exporter.web.app import create_app, create_fleet_app, make_runner
-from exporter.web.config import WebConfig, ssl_context
-from exporter.web.fleet import FLEET
+from exporter.web.appstate import STATE
+from exporter.web.fleetrequests import FLEET
 from exporter.web.reloading import RELOADER, Reloader, ReloadResult
-from exporter.web.state import STATE
+from exporter.web.webconfig import WebConfig, ssl_context
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ before any file is read, and a thread of their own takes them (``sigwait``):
   turns again.
 
 No thread helps against a C call that holds the GIL and never returns: libpq opening
-a FIFO was one (:mod:`exporter.libpqfiles` keeps it from happening).
+a FIFO was one (:mod:`exporter.pg.libpqfiles` keeps it from happening).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.promtool import find_promtool
+from tests.fixtures.promtool import find_promtool
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -6,8 +6,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from exporter import addresses
-from exporter.addresses import LOCAL, ServerKey, address_key, resolve, split_hosts
+from exporter.pg import addresses
+from exporter.pg.addresses import LOCAL, ServerKey, address_key, resolve, split_hosts
 
 
 @pytest.mark.parametrize(

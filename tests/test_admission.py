@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.admission import Admission
-from exporter.budget import Interruption
-from exporter.exposition import Format, encode
-from exporter.selfmetrics import SelfMetrics
+from exporter.collect.admission import Admission
+from exporter.collect.budget import Interruption
+from exporter.expose.exposition import Format, encode
+from exporter.report.selfmetrics import SelfMetrics
 
 
 def test_third_request_is_rejected() -> None:

@@ -7,18 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.backoff import (
-    LOGIN_CEILING,
+from exporter.collect.backoff import (
     MIN_STEP,
     Backoff,
     after_failure,
     ceiling_for,
-    login_wait,
     retry_in,
     spread,
     wait_after,
 )
-from exporter.definitions import Collector
+from exporter.config.definitions import Collector
 
 
 def _top() -> float:
@@ -112,12 +110,3 @@ def test_the_collector_ceiling_wins_and_fatal_collectors_never_back_off() -> Non
     assert ceiling_for(plain, 600.0) == 600.0
     assert ceiling_for(replace(plain, backoff_ceiling=30.0), 600.0) == 30.0
     assert ceiling_for(replace(plain, backoff_ceiling=30.0, fatal=True), 600.0) == 0.0
-
-
-def test_login_wait_doubles_from_one_second_to_the_ceiling_with_equal_jitter() -> None:
-    """A refused login waits 1 s, then 2, 4 … up to 60 s; jitter takes at most half off."""
-    assert [login_wait(n, lambda: 0.0) for n in (1, 2, 3, 7, 8, 50)] == [1, 2, 4, 60, 60, 60]
-    assert login_wait(3, lambda: 0.999999) == pytest.approx(2.0, abs=1e-4)
-    draws = [login_wait(20, random.Random(seed).random) for seed in range(200)]
-    assert all(LOGIN_CEILING / 2 < wait <= LOGIN_CEILING for wait in draws)
-    assert len(set(draws)) > 100  # exporters sharing a role spread apart

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from bench.statements import Cost, branch_queries, name_of, render
-from exporter.loading import load_definitions
+from exporter.config.loading import load_definitions
 from tests.fixtures.helpers import COLLECTORS
 
 

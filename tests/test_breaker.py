@@ -7,7 +7,7 @@ import functools
 import psycopg
 import pytest
 
-from exporter.breaker import (
+from exporter.collect.breaker import (
     Breaker,
     BreakerPolicy,
     BreakerState,
@@ -18,8 +18,8 @@ from exporter.breaker import (
     judge,
     shed_cut,
 )
-from exporter.budget import Interruption
-from exporter.definitions import Collector, Column, Usage
+from exporter.collect.budget import Interruption
+from exporter.config.definitions import Collector, Column, Usage
 
 POLICY = BreakerPolicy(cool_down=30.0, max_cool_down=120.0)
 

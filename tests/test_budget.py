@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from exporter.budget import (
+from exporter.collect.budget import (
     DEFAULT_BUDGET,
     Budget,
     Interruption,
@@ -15,7 +15,7 @@ from exporter.budget import (
     cancel_within,
     deadline,
 )
-from tests.clock import FakeClock
+from tests.fixtures.clock import FakeClock
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ from typing import cast
 import psycopg
 import pytest
 
-from exporter.addresses import LOCAL, ServerKey
-from exporter.bulkheads import (
+from exporter.config.settings import Settings
+from exporter.pg.addresses import LOCAL, ServerKey
+from exporter.pg.bulkheads import (
     HELD_CONNECTIONS,
     HELD_LOGINS,
     HELD_PROBES,
@@ -25,9 +26,8 @@ from exporter.bulkheads import (
     NotAdmitted,
     server_samples,
 )
-from exporter.settings import Settings
-from tests.clock import FakeClock
-from tests.fixtures.rawhttp import poll
+from tests.fixtures.clock import FakeClock
+from tests.fixtures.polling import poll
 
 KEY = ServerKey("10.0.0.5", 5432)
 
@@ -168,7 +168,7 @@ async def test_a_probe_leaves_half_the_logins_to_the_passes() -> None:
 async def test_a_strain_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
     """A warning when the places first hold work back, nothing for the requests after
     it, one line when they are back to half."""
-    caplog.set_level(logging.INFO, "exporter.bulkheads")
+    caplog.set_level(logging.INFO, "exporter.pg.bulkheads")
     bulkhead = _bulkhead(limit=2)
     leases = [await bulkhead.take(probe=False) for _ in range(2)]
     for _ in range(5):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.cache import CollectorStats, Entry, Outcome, is_fresh, ttl_left
+from exporter.collect.cache import Entry, Outcome, is_fresh, ttl_left
 
 
 def _entry(at: float, outcome: Outcome = Outcome.OK) -> Entry:
@@ -37,31 +37,3 @@ def test_ttl_left_counts_down_to_zero() -> None:
     assert ttl_left(entry, 10, 104.0) == 6.0
     assert ttl_left(entry, 10, 200.0) == 0.0
     assert ttl_left(None, 10, 100.0) == 0.0
-
-
-def test_stats_classify_outcomes() -> None:
-    """Hits, skips and failures are counted apart, each outcome separately (D10)."""
-    stats = CollectorStats()
-    stats.record(Outcome.OK, duration=0.2, series=7)
-    stats.record(Outcome.CACHED)
-    stats.record(Outcome.SKIPPED, duration=0.01)
-    stats.record(Outcome.TIMEOUT, duration=1.0)
-    stats.record(Outcome.TOO_MANY_SERIES, duration=0.5)
-    assert (stats.total, stats.hits, stats.skips, stats.errors) == (5, 1, 1, 2)
-    assert stats.outcomes[Outcome.TIMEOUT] == 1
-    assert stats.last_duration == 0.5
-    assert stats.series == 0
-
-
-def test_held_back_collectors_are_counted_but_keep_their_last_figures() -> None:
-    """A collector held back by its back-off or shed by the breaker is one more visit with
-    its own outcome, neither a hit nor an error; its last run's figures stand (D10, D15,
-    D16)."""
-    stats = CollectorStats()
-    stats.record(Outcome.OK, duration=0.2, series=7)
-    stats.record(Outcome.BACKOFF)
-    stats.record(Outcome.SHED)
-    assert (stats.total, stats.hits, stats.errors) == (3, 0, 0)
-    assert (stats.outcomes[Outcome.BACKOFF], stats.outcomes[Outcome.SHED]) == (1, 1)
-    assert (stats.series, stats.last_duration) == (7, 0.2)
-    assert (Outcome.BACKOFF.failed, Outcome.SHED.failed) == (False, False)

@@ -13,12 +13,13 @@ from decimal import Decimal
 
 import pytest
 
-from exporter.casting import (
+from exporter.pg.casting import (
     KIND_BY_OID,
     Escaped,
     Kind,
     cast_for,
     decode_text,
+    go_float,
     go_parse_float,
     kind_of,
     label_text,
@@ -278,3 +279,32 @@ def test_valid_utf8_is_not_marked_escaped() -> None:
     text = decode_text("naïve".encode())
     assert text == "naïve"
     assert not isinstance(text, Escaped)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.0, "0"),
+        (0.5, "0.5"),
+        (1.0, "1"),
+        (2.5, "2.5"),
+        (100000.0, "100000"),
+        (1e6, "1e+06"),
+        (123456789.0, "1.23456789e+08"),
+        (0.0001, "0.0001"),
+        (0.00001, "1e-05"),
+        (0.005, "0.005"),
+        (-2.5, "-2.5"),
+        (-0.0, "-0"),  # a float8 label '-0' in Go 1.4.1 (tests/data/gocompat/values)
+        (1e21, "1e+21"),
+        (5e-324, "5e-324"),
+        (1.7976931348623157e308, "1.7976931348623157e+308"),
+        (math.inf, "+Inf"),
+        (-math.inf, "-Inf"),
+        (math.nan, "NaN"),
+    ],
+)
+def test_go_float(value: float, text: str) -> None:
+    """Bucket bounds and float labels are written the way Go's strconv 'g' shortest
+    format writes them."""
+    assert go_float(value) == text

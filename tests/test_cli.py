@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter import settings as settings_module
 from exporter.cli import main, parse_settings
-from exporter.definitions import Definitions
-from exporter.dryrun import render_definitions
+from exporter.config import settings as settings_module
+from exporter.config.definitions import Definitions
+from exporter.config.dryrun import render_definitions
+from exporter.config.flags import FLAGS, Kind
+from exporter.config.loading import load_definitions
+from exporter.config.settings import ListenAddress, Settings
 from exporter.errors import ConfigError, InfoRequested, Problem, UsageError
-from exporter.flags import FLAGS, Kind
-from exporter.loading import load_definitions
-from exporter.settings import ListenAddress, Settings
 
 COLLECTOR = """\
 pg_demo:
@@ -694,8 +694,10 @@ def test_every_mode_refuses_bad_web_settings_alike(
     """Serving, --dry-run and --explain refuse a listen address or telemetry path that
     cannot be served the same way: exit 1, one line, before the config is loaded."""
     _fake_module(monkeypatch, "exporter.serve", run=lambda *a: pytest.fail("served"))
-    _fake_module(monkeypatch, "exporter.explain", run=lambda *a: pytest.fail("explained"))
-    monkeypatch.setattr("exporter.loading.load_for_settings", lambda *a: pytest.fail("loaded"))
+    _fake_module(monkeypatch, "exporter.report.explain", run=lambda *a: pytest.fail("explained"))
+    monkeypatch.setattr(
+        "exporter.config.loading.load_for_settings", lambda *a: pytest.fail("loaded")
+    )
     assert main([*mode, "-c", config, *bad]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -747,7 +749,7 @@ def test_main_explain_runs_explain_main(config: str, monkeypatch: pytest.MonkeyP
     def run(settings: Settings, definitions: Definitions) -> int:
         return 3 if settings.explain and definitions.collectors else 4
 
-    _fake_module(monkeypatch, "exporter.explain", run=run)
+    _fake_module(monkeypatch, "exporter.report.explain", run=run)
     assert main(["-c", config, "--explain"]) == 3
 
 

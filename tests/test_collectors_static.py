@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.definitions import Collector, Definitions, Usage
-from exporter.loading import load_definitions, read_document
-from exporter.planning import PRIMARY_TAGS, REPLICA_TAGS, ServerFacts, make_plan
+from exporter.collect.planning import PRIMARY_TAGS, REPLICA_TAGS, make_plan
+from exporter.config.definitions import Collector, Definitions, Usage
+from exporter.config.loading import load_definitions, read_document
+from exporter.pg.preflight import ServerFacts
 
 LIBRARY = Path(__file__).resolve().parent.parent / "collectors"
 DOC_FILE = LIBRARY / "0000-doc.yml"

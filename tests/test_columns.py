@@ -3,10 +3,10 @@ together (repeats, label names, metric families)."""
 
 from __future__ import annotations
 
-from exporter.columns import is_number, read_metrics
-from exporter.definitions import Column, Usage
-from exporter.problems import Notes
-from exporter.rules import LABEL_RULE
+from exporter.config.columns import is_number, read_metrics
+from exporter.config.definitions import Column, Usage
+from exporter.config.problems import Notes
+from exporter.config.rules import LABEL_RULE
 
 
 def _read(raw: object, name: str = "pg_x") -> tuple[tuple[Column, ...], dict[str, str]]:

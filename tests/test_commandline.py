@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.commandline import read_settings
+from exporter.config.commandline import read_settings
 from exporter.errors import UsageError
 
 

@@ -9,9 +9,9 @@ from typing import cast
 import psycopg
 import pytest
 
-from exporter.bulkheads import Bulkheads, Conn, LoginsHeld
-from exporter.connections import ConnectionLimit, LoginHeld, Logins, lru_victims, refused_login
-from tests.clock import FakeClock
+from exporter.pg.bulkheads import Bulkheads, Conn, LoginsHeld
+from exporter.pg.connections import ConnectionLimit, LoginHeld, Logins, lru_victims, refused_login
+from tests.fixtures.clock import FakeClock
 
 
 class FakeHolder:

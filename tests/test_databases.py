@@ -3,11 +3,11 @@ without a database (issue 13)."""
 
 from __future__ import annotations
 
-from exporter.databases import Databases
-from exporter.definitions import Definitions
-from exporter.planning import ServerFacts
-from exporter.settings import Settings
-from tests.clock import FakeClock
+from exporter.collect.databases import Databases
+from exporter.config.definitions import Definitions
+from exporter.config.settings import Settings
+from exporter.pg.preflight import ServerFacts
+from tests.fixtures.clock import FakeClock
 
 FACTS = ServerFacts(version=180000, in_recovery=False, datname="main", username="u")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.definitions import MAX_SECONDS
-from exporter.loading import read_document
+from exporter.config.definitions import MAX_SECONDS
+from exporter.config.loading import read_document
 
 BRANCH = """
 b:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.discovery import is_pattern, matches, select_databases
+from exporter.config.discovery import is_pattern, matches, select_databases
 
 AVAILABLE = ("postgres", "app", "app_eu", "app_us", "App_old", "tenant_01", "tenant_02", "x[1]")
 

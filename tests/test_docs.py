@@ -172,7 +172,7 @@ def test_switching_is_linked_from_both_indexes() -> None:
 def test_switching_names_only_real_flags_and_variables() -> None:
     """Every flag and PG_EXPORTER_* variable the page names exists, and its example of
     an unknown flag is unknown."""
-    from exporter.flags import BY_LONG, FLAGS
+    from exporter.config.flags import BY_LONG, FLAGS
 
     text = re.sub(OTHER_COMMANDS, "", SWITCHING.read_text())
     named = set(re.findall(r"--([a-z][a-z0-9.-]*[a-z0-9])", text)) - {MISSPELT_FLAG}
@@ -217,7 +217,7 @@ def test_switching_names_only_real_routes() -> None:
 def test_switching_names_only_installed_files() -> None:
     """Every file of the host the page names is one the packages install or the config
     lookup reads; every repository path it names exists."""
-    from exporter.settings import CONFIG_CANDIDATES
+    from exporter.config.settings import CONFIG_CANDIDATES
 
     installed = (ROOT / "packaging" / "nfpm.yaml").read_text() + " ".join(CONFIG_CANDIDATES)
     for token in switching_ticked():
@@ -241,7 +241,7 @@ def test_switching_quotes_the_unit_and_env_file_as_shipped() -> None:
 
 def test_switching_states_the_defaults_in_force() -> None:
     """The limits the page quotes are the defaults the exporter runs with."""
-    from exporter import settings
+    from exporter.config import settings
 
     def spaced(n: int) -> str:
         return f"{n:,}".replace(",", " ")
@@ -276,32 +276,18 @@ def test_fleet_page_shows_the_error_the_exporter_gives() -> None:
     assert example in [line.strip() for line in run.stderr.splitlines()]
 
 
-def layout_lists() -> tuple[set[str], set[str]]:
-    """The module names docs/development.md's layout gives for the package's core and
-    for ``web/``: backticked names in the sub-bullets of its ``exporter/`` entry, the
-    one that names ``web/`` being the web layer's."""
+def test_the_layout_names_every_layer_in_order() -> None:
+    """docs/development.md's ``exporter/`` entry names each layer package of exporter/
+    in the order tests/test_layout.py holds, and no package that is gone."""
+    from tests.test_layout import LAYERS
+
     text = (DOCS / "development.md").read_text()
     entry = re.search(r"^- `exporter/`:.*?(?=^- )", text, re.MULTILINE | re.DOTALL)
     assert entry, "docs/development.md has no `exporter/` entry in its layout"
-    core: set[str] = set()
-    web: set[str] = set()
-    for bullet in re.split(r"^  - ", entry.group(0), flags=re.MULTILINE)[1:]:
-        names = set(re.findall(r"`(\w+)`", bullet))
-        (web if "`web/`" in bullet else core).update(names)
-    return core, web
-
-
-def modules(package: Path) -> set[str]:
-    return {p.stem for p in package.glob("*.py")} - {"__init__"}  # a package is not a module
-
-
-def test_the_layout_lists_every_module() -> None:
-    """Every module of exporter/ and exporter/web/ appears in the layout of
-    docs/development.md, each in its own part, and the layout names no module that is
-    gone."""
-    core, web = layout_lists()
-    assert modules(ROOT / "exporter") == core, "exporter/ and docs/development.md differ"
-    assert modules(ROOT / "exporter" / "web") == web, "web/ and docs/development.md differ"
+    named = re.findall(r"^  - `(\w+)(?:/|\.py)`", entry.group(0), re.MULTILINE)
+    packages = {p.name for p in (ROOT / "exporter").iterdir() if (p / "__init__.py").is_file()}
+    assert named[: len(LAYERS)] == list(LAYERS)
+    assert packages == set(LAYERS) - {"errors"}
 
 
 def test_clause_ranges_end_at_the_last_clause() -> None:

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from exporter.definitions import Collector, Column, Definitions, Predicate, Usage
-from exporter.dryrun import render_definitions
-from exporter.loading import load_definitions
+from exporter.config.definitions import Collector, Column, Definitions, Predicate, Usage
+from exporter.config.dryrun import render_definitions
+from exporter.config.loading import load_definitions
 
 MULTILINE_SQL = "SELECT datname,\n       numbackends\n  FROM pg_stat_database\n"
 

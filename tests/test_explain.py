@@ -3,13 +3,14 @@ no SQL (D15, D16), tested without a database."""
 
 from __future__ import annotations
 
-from exporter.cache import Entry, Outcome
-from exporter.collection import Exporter
-from exporter.definitions import Collector, Definitions
-from exporter.explain import degradation_text, last_plans
-from exporter.planning import ServerFacts, make_plan
-from exporter.settings import Settings
-from tests.clock import FakeClock
+from exporter.collect.cache import Entry, Outcome
+from exporter.collect.exporter import Exporter
+from exporter.collect.planning import make_plan
+from exporter.config.definitions import Collector, Definitions
+from exporter.config.settings import Settings
+from exporter.pg.preflight import ServerFacts
+from exporter.report.explain import degradation_text, last_plans
+from tests.fixtures.clock import FakeClock
 
 FACTS = ServerFacts(version=180000, in_recovery=False, datname="db", username="u")
 FAILING = Collector(key="failing", name="failing", query="SELECT 1", columns=(), ttl=10.0)

@@ -1,4 +1,4 @@
-"""Tests for exporter.exposition: negotiation, value formatting, families and encoding."""
+"""Tests for exporter.expose.exposition: negotiation, value formatting, families and encoding."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter import exposition
-from exporter.exposition import (
+from exporter.expose import exposition
+from exporter.expose.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
     Family,
@@ -21,13 +21,12 @@ from exporter.exposition import (
     content_type,
     encode,
     format_value,
-    go_float,
     label_block,
     make_family,
     negotiate,
 )
-from exporter.process import runtime_families
-from tests.promtool import unexpected_problems
+from exporter.report.process import runtime_families
+from tests.fixtures.promtool import unexpected_problems
 
 
 def parse_openmetrics(text: str) -> list[Metric]:
@@ -118,35 +117,6 @@ def test_content_types() -> None:
 def test_format_value(value: float, text: str) -> None:
     """Ints print as ints, floats as their shortest repr, specials as Prometheus spells them."""
     assert format_value(value) == text
-
-
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (0.0, "0"),
-        (0.5, "0.5"),
-        (1.0, "1"),
-        (2.5, "2.5"),
-        (100000.0, "100000"),
-        (1e6, "1e+06"),
-        (123456789.0, "1.23456789e+08"),
-        (0.0001, "0.0001"),
-        (0.00001, "1e-05"),
-        (0.005, "0.005"),
-        (-2.5, "-2.5"),
-        (-0.0, "-0"),  # a float8 label '-0' in Go 1.4.1 (tests/data/gocompat/values)
-        (1e21, "1e+21"),
-        (5e-324, "5e-324"),
-        (1.7976931348623157e308, "1.7976931348623157e+308"),
-        (math.inf, "+Inf"),
-        (-math.inf, "-Inf"),
-        (math.nan, "NaN"),
-    ],
-)
-def test_go_float(value: float, text: str) -> None:
-    """Bucket bounds and float labels are written the way Go's strconv 'g' shortest
-    format writes them."""
-    assert go_float(value) == text
 
 
 def test_label_block_escapes_values() -> None:

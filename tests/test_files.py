@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.files import FileRefused, entry_kind, read_regular
+from exporter.config.files import FileRefused, entry_kind, read_regular
 
 
 def test_a_regular_file_is_read_whole(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.config.flags import BY_LONG, FLAGS, Kind, bool_text, help_text, scan, version_text
 from exporter.errors import InfoRequested, UsageError
-from exporter.flags import BY_LONG, FLAGS, Kind, bool_text, help_text, scan, version_text
 
 
 def test_long_flags_take_their_value_inline_or_next() -> None:

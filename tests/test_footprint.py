@@ -27,7 +27,10 @@ def _imported_after_serving_imports(names: tuple[str, ...]) -> dict[str, bool]:
 @pytest.mark.parametrize(
     ("module", "where"),
     [
-        ("prometheus_client", "never: exporter.process reads the runtime families (1.0 MiB)"),
+        (
+            "prometheus_client",
+            "never: exporter.report.process reads the runtime families (1.0 MiB)",
+        ),
         ("bcrypt", "with basic auth, at the first check (0.4 MiB)"),
         ("difflib", "for a mistyped flag or targets-file key (0.2 MiB)"),
     ],

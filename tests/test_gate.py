@@ -1,10 +1,10 @@
-"""The fleet's ceiling on targets collected at once (exporter/gate.py)."""
+"""The fleet's ceiling on targets collected at once (exporter/collect/gate.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from exporter.gate import Gate
+from exporter.collect.gate import Gate
 
 
 async def test_places_up_to_the_limit_are_taken_without_waiting() -> None:

@@ -1,21 +1,27 @@
-"""The package's map holds: the core never reaches into the web layer, and the error
-types stand on nothing. Read from the source (every import, at any depth, including
-those under ``TYPE_CHECKING``), so a lazy import inside a function counts too."""
+"""The package's layers hold: ``ls exporter/`` shows them, each sub-package imports only
+the layers before it, the error types stand on nothing, and each layer's docstring
+names its modules. Read from the source (every import, at any depth, including those
+under ``TYPE_CHECKING``), so a lazy import inside a function counts too."""
 
 from __future__ import annotations
 
 import ast
+import collections
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import exporter
+
 PACKAGE = Path(__file__).resolve().parent.parent / "exporter"
 
-# The modules that build and run the app from the command line, so they alone may
-# import exporter.web: cli.py reads the web config file and checks the telemetry path
-# against the route table; serve.py creates the app and runs it.
-RUNS_THE_APP = {"cli.py", "serve.py"}
+# The layers, lowest first: a module may import its own layer and those before it.
+# "process" is the package's top level (cli, serve, signals, systemd, __main__).
+LAYERS = ("errors", "config", "pg", "health", "expose", "collect", "report", "fleet", "web")
+PROCESS = {"__init__", "__main__", "cli", "serve", "signals", "systemd"}
 
 
 def imported(source: str, module: str) -> Iterator[str]:
@@ -35,24 +41,70 @@ def imported(source: str, module: str) -> Iterator[str]:
 
 
 def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
 
 
 def reaches(names: Iterator[str], target: str) -> list[str]:
     return sorted({n for n in names if n == target or n.startswith(f"{target}.")})
 
 
-def core_modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.glob("*.py") if p.name not in RUNS_THE_APP)
+def layer_of(module: str) -> str:
+    """The layer a dotted module name belongs to: its sub-package, ``errors``, or
+    ``process`` for the rest of the top level."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "process"
+    return parts[1] if parts[1] in LAYERS else "process"
 
 
-@pytest.mark.parametrize("path", core_modules(), ids=lambda p: p.name)
-def test_core_modules_do_not_import_the_web_layer(path: Path) -> None:
-    """A module outside exporter/web/ imports nothing from exporter.web, except the
-    modules that build and run the app (RUNS_THE_APP): the web layer sits on the core,
-    never the other way round."""
-    found = reaches(imported(path.read_text(), module_name(path)), "exporter.web")
-    assert not found, f"{path.name} imports {found}: move what it needs out of exporter/web/"
+def rank(layer: str) -> int:
+    return len(LAYERS) if layer == "process" else LAYERS.index(layer)
+
+
+def all_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_ls_shows_the_layers() -> None:
+    """The top level holds the layers as packages and the process's modules, nothing else."""
+    entries = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    packages = {name for name in entries if (PACKAGE / name).is_dir()}
+    assert packages == set(LAYERS) - {"errors"}
+    assert {Path(name).stem for name in entries - packages} == PROCESS | {"errors"}
+    for name in packages:
+        assert (PACKAGE / name / "__init__.py").is_file(), f"exporter/{name}/ is not a package"
+        assert not [p for p in (PACKAGE / name).iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
+@pytest.mark.parametrize("path", all_modules(), ids=module_name)
+def test_a_module_imports_only_its_layer_and_those_before_it(path: Path) -> None:
+    """exporter.pg never reaches into exporter.collect, the core never into exporter.web,
+    and so on: the order of LAYERS, which exporter/__init__.py's docstring gives too."""
+    module = module_name(path)
+    mine = rank(layer_of(module))
+    above = sorted(
+        name
+        for name in imported(path.read_text(), module)
+        if name.startswith("exporter.")
+        and name != "exporter.__version__"  # the package's version, which every layer may read
+        and rank(layer_of(name)) > mine
+    )
+    assert not above, f"{module} ({layer_of(module)}) imports {above}, from a later layer"
+
+
+def test_only_the_process_imports_the_web_layer() -> None:
+    """Of the process's modules, cli (the web config, the route table) and serve (the
+    app) import exporter.web; the rest of the package does not."""
+    importers = {
+        module_name(path)
+        for path in all_modules()
+        if not module_name(path).startswith("exporter.web")
+        and reaches(imported(path.read_text(), module_name(path)), "exporter.web")
+    }
+    assert importers == {"exporter.cli", "exporter.serve"}
 
 
 def test_errors_imports_nothing_from_the_package() -> None:
@@ -63,20 +115,59 @@ def test_errors_imports_nothing_from_the_package() -> None:
     assert not found, f"errors.py imports {found}"
 
 
+def test_no_two_modules_share_a_name() -> None:
+    """One noun, one room: no module name is used in two layers."""
+    names = collections.Counter(p.stem for p in all_modules() if p.stem != "__init__")
+    assert [name for name, count in names.items() if count > 1] == []
+
+
+@pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "errors"])
+def test_each_layer_says_what_it_holds_and_what_it_may_import(layer: str) -> None:
+    """A layer's ``__init__`` docstring names each of its modules and the layers it
+    may import; the package's docstring names every layer in order."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text())) or ""
+    named = set(re.findall(r"``(\w+)``", doc))
+    modules = {p.stem for p in (PACKAGE / layer).glob("*.py")} - {"__init__"}
+    assert modules <= named, f"exporter/{layer}/__init__.py does not name {modules - named}"
+    assert "May import:" in doc
+    order = re.findall(r":mod:`exporter\.(\w+)`", exporter.__doc__ or "")
+    assert [m for m in order if m in LAYERS] == list(LAYERS)
+
+
 @pytest.mark.parametrize(
     ("source", "module", "expected"),
     [
         (
-            "from exporter.web.state import STATE",
-            "exporter.gate",
-            ["exporter.web.state", "exporter.web.state.STATE"],
+            "from exporter.web.appstate import STATE",
+            "exporter.collect.gate",
+            ["exporter.web.appstate", "exporter.web.appstate.STATE"],
         ),
-        ("from exporter import web", "exporter.gate", ["exporter.web"]),
-        ("from .web import app", "exporter.gate", ["exporter.web", "exporter.web.app"]),
-        ("def f():\n    import exporter.web.app\n", "exporter.gate", ["exporter.web.app"]),
-        ("from ..web import fleet", "exporter.web.health", ["exporter.web", "exporter.web.fleet"]),
-        ("from exporter.webby import x", "exporter.gate", []),
+        ("from exporter import web", "exporter.collect.gate", ["exporter.web"]),
+        ("from ..web import app", "exporter.collect.gate", ["exporter.web", "exporter.web.app"]),
+        ("from .web import app", "exporter.cli", ["exporter.web", "exporter.web.app"]),
+        ("def f():\n    import exporter.web.app\n", "exporter.collect.gate", ["exporter.web.app"]),
+        ("from . import pages", "exporter.web.health", ["exporter.web", "exporter.web.pages"]),
+        ("from .web import app", "exporter.collect.gate", []),  # exporter.collect.web
+        ("from exporter.webby import x", "exporter.collect.gate", []),
     ],
 )
 def test_the_check_sees_every_spelling(source: str, module: str, expected: list[str]) -> None:
     assert reaches(imported(source, module), "exporter.web") == expected
+
+
+def test_layers_are_ranked_by_their_package() -> None:
+    assert layer_of("exporter.pg.postgres") == "pg"
+    assert layer_of("exporter.errors") == "errors"
+    assert layer_of("exporter.cli") == "process"
+    assert layer_of("exporter") == "process"
+    assert rank("errors") < rank("config") < rank("web") < rank("process")
+
+
+def test_pyproject_ships_every_layer() -> None:
+    """The wheel (and so the .deb and .rpm) carries each package: a layer missing from
+    pyproject.toml's list would install an exporter that cannot import."""
+    listed = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
+    on_disk = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert set(listed) == on_disk

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import libpqfiles
-from exporter.libpqfiles import (
+from exporter.pg import libpqfiles
+from exporter.pg.libpqfiles import (
     Handed,
     Kind,
     LibpqFileRefused,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.limits import (
+from exporter.pg.limits import (
     MAX_LIMIT_MS,
     SERVER_DEFAULT,
     TEMP_FILE_CAP_KB,

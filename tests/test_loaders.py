@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from exporter.loaders import _EPOCH_LOADERS, days_from_civil, iso_epoch
+from exporter.pg.loaders import _EPOCH_LOADERS, days_from_civil, iso_epoch
 
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 

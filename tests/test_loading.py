@@ -11,11 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from exporter.definitions import DEFAULT_TIMEOUT, Collector, Column, Definitions, Predicate, Usage
+from exporter.config.definitions import (
+    DEFAULT_TIMEOUT,
+    Collector,
+    Column,
+    Definitions,
+    Predicate,
+    Usage,
+)
+from exporter.config.loading import load_definitions, load_for_settings, read_document
+from exporter.config.settings import Settings
+from exporter.config.yamlfiles import MAX_ALIAS_EXPANSION, MAX_FILE_CHARS, MAX_VALUES
 from exporter.errors import ConfigError, Problem
-from exporter.loading import load_definitions, load_for_settings, read_document
-from exporter.settings import Settings
-from exporter.yamlfiles import MAX_ALIAS_EXPANSION, MAX_FILE_CHARS, MAX_VALUES
 
 GAUGE_ONLY = "metrics: [{v: {usage: GAUGE}}]"
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import psycopg
 import pytest
 
-from exporter.loginrate import LoginBucket, cut_short, refused_login
-from tests.clock import FakeClock
+from exporter.pg.loginrate import (
+    LOGIN_CEILING,
+    LoginBucket,
+    cut_short,
+    login_wait,
+    refused_login,
+)
+from tests.fixtures.clock import FakeClock
 
 
 def _timed_out() -> psycopg.OperationalError:
@@ -97,3 +104,12 @@ def test_a_caller_can_leave_tokens_to_others() -> None:
     bucket.give_back(spent=True)
     assert not bucket.take(keep=2)  # two left: they are the others'
     assert bucket.take()
+
+
+def test_login_wait_doubles_from_one_second_to_the_ceiling_with_equal_jitter() -> None:
+    """A refused login waits 1 s, then 2, 4 … up to 60 s; jitter takes at most half off."""
+    assert [login_wait(n, lambda: 0.0) for n in (1, 2, 3, 7, 8, 50)] == [1, 2, 4, 60, 60, 60]
+    assert login_wait(3, lambda: 0.999999) == pytest.approx(2.0, abs=1e-4)
+    draws = [login_wait(20, random.Random(seed).random) for seed in range(200)]
+    assert all(LOGIN_CEILING / 2 < wait <= LOGIN_CEILING for wait in draws)
+    assert len(set(draws)) > 100  # exporters sharing a role spread apart

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.logs import configure_logging
+from exporter.config.logs import configure_logging
 
 log = logging.getLogger("exporter.test")
 TS = re.compile(r"^ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")

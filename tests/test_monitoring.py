@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.monitoring import (
+from tests.fixtures.monitoring import (
     ALERT_TESTS,
     DASHBOARDS,
     MONITORING,
@@ -14,7 +14,7 @@ from tests.monitoring import (
     alert_names,
     alerts_expected_to_fire,
 )
-from tests.promtool import find_promtool
+from tests.fixtures.promtool import find_promtool
 
 DOCS_PAGE = MONITORING.parent / "docs" / "monitoring.md"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.pace import SLOW_ANSWER, Pace
-from tests.clock import FakeClock
+from exporter.health.pace import SLOW_ANSWER, Pace
+from tests.fixtures.clock import FakeClock
 
 SLOW, FAST, SETTLE, LIMIT = 1.0, 0.1, 3, 10.0
 

@@ -9,16 +9,16 @@ import logging
 
 import pytest
 
-from exporter.breaker import Breaker, BreakerPolicy, BreakerState, PassTally
-from exporter.budget import Budget, Interruption
-from exporter.databases import Databases
-from exporter.definitions import Collector, Definitions
-from exporter.exposition import Family
-from exporter.passes import CollectionPass, PassStats, Snapshot
-from exporter.seriescap import Part, SeriesCap
-from exporter.server import ServerResult
-from exporter.settings import Settings
-from tests.clock import FakeClock
+from exporter.collect.breaker import Breaker, BreakerPolicy, BreakerState, PassTally
+from exporter.collect.budget import Budget, Interruption
+from exporter.collect.databases import Databases
+from exporter.collect.passes import CollectionPass, PassStats, Snapshot
+from exporter.collect.seriescap import Part, SeriesCap
+from exporter.collect.server import ServerResult
+from exporter.config.definitions import Collector, Definitions
+from exporter.config.settings import Settings
+from exporter.expose.exposition import Family
+from tests.fixtures.clock import FakeClock
 
 COLLECTOR = Collector(key="a", name="a", query="SELECT 1", columns=())
 
@@ -107,7 +107,7 @@ def test_only_a_failed_pass_that_was_not_interrupted_counts_as_an_error(
     walk = _pass(clock)
     start = clock.now
     clock.advance(0.5)
-    with caplog.at_level(logging.INFO, logger="exporter.passes"):
+    with caplog.at_level(logging.INFO, logger="exporter.collect.passes"):
         walk._account(start, failed=True, interrupted=Interruption.BUDGET)
     assert (walk.stats.scrapes, walk.stats.errors, walk.stats.last_duration) == (1, 0, 0.5)
     interrupted = [r for r in caplog.records if r.getMessage().startswith("collection round inter")]

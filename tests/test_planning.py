@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from exporter.definitions import Collector, Column, Definitions, Predicate, Usage
-from exporter.planning import Plan, ServerFacts, explain_text, make_plan, may_change_settings
+from exporter.collect.planning import Plan, explain_text, make_plan, may_change_settings
+from exporter.config.definitions import Collector, Column, Definitions, Predicate, Usage
+from exporter.pg.preflight import ServerFacts
 
 PRIMARY = ServerFacts(
     version=180006,

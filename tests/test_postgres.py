@@ -13,10 +13,10 @@ from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 
-from exporter.casting import Escaped
-from exporter.definitions import Predicate
+from exporter.config.definitions import Predicate
 from exporter.errors import PredicateError
-from exporter.postgres import (
+from exporter.pg.casting import Escaped
+from exporter.pg.postgres import (
     APPLICATION_NAME,
     _SqlAsciiBinaryText,
     _SqlAsciiText,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.preflight import Endpoint, socket_directories, why_not_direct
+from exporter.pg.preflight import Endpoint, socket_directories, why_not_direct
 
 TCP = Endpoint("10.0.0.5", 5432)
 SOCKET = Endpoint("", 5432, "/var/run/postgresql")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from exporter.prepared import Prepared, preparable
+from exporter.pg.prepared import Prepared, preparable
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,8 @@ from typing import cast
 import psycopg
 import pytest
 
-from exporter.bulkheads import HELD_CONNECTIONS, Bulkheads
-from exporter.pace import FAST_INTERVAL, SLOW_ANSWER
-from exporter.probe import (
+from exporter.health.pace import FAST_INTERVAL, SLOW_ANSWER
+from exporter.health.probe import (
     NO_UPSTREAM_HOLD,
     OUTAGE_HOLD,
     Conn,
@@ -27,7 +26,9 @@ from exporter.probe import (
     Status,
     classify,
 )
-from tests.clock import FakeClock
+from exporter.pg.bulkheads import HELD_CONNECTIONS, Bulkheads
+from tests.fixtures.clock import FakeClock
+from tests.fixtures.polling import poll
 
 URL = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
 
@@ -93,15 +94,6 @@ def test_probe_rejects_nonpositive_timings() -> None:
         HealthProbe(URL, 1.0, interval=0.0)
     with pytest.raises(ValueError, match="positive"):
         HealthProbe(URL, 1.0, fast_interval=0.0)
-
-
-async def _until(check: Callable[[], bool]) -> None:
-    """Poll ``check`` until it holds; fail after five seconds."""
-    async with asyncio.timeout(5.0):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.01)
 
 
 def _error_response(sqlstate: str, message: str) -> bytes:
@@ -355,10 +347,10 @@ async def test_the_server_writing_to_the_idle_connection_wakes_the_probe() -> No
     probe = HealthProbe(URL, 1.0, interval=30.0, connector=_connector(conn))
     task = asyncio.create_task(probe.run())
     try:
-        await _until(lambda: not probe.pace.is_fast(time.monotonic()))
+        await poll(lambda: not probe.pace.is_fast(time.monotonic()))
         asked = conn.queries
         server.send(b"E")  # e.g. "terminating connection due to administrator command"
-        await _until(lambda: conn.queries > asked)
+        await poll(lambda: conn.queries > asked)
         assert probe.pace.is_fast(time.monotonic())
     finally:
         task.cancel()

@@ -1,4 +1,4 @@
-"""The fleet's ceilings on health probes (exporter/probeslots.py): pure bookkeeping."""
+"""The fleet's ceilings on health probes (exporter/health/probeslots.py): pure bookkeeping."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from exporter.probeslots import CeilingReached, ConnectingPlaces, ProbeSlots
+from exporter.health.probeslots import CeilingReached, ConnectingPlaces, ProbeSlots
 
 IDLE = 60.0
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.config.problems import Notes, kind_name, kind_of
 from exporter.errors import Problem
-from exporter.problems import Notes, kind_name, kind_of
 
 URL = "postgresql://monitor:s3cr3t-Pa55@db:5432/postgres"
 

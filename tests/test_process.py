@@ -1,4 +1,4 @@
-"""Tests for exporter.process: the process, interpreter and GC families, read without
+"""Tests for exporter.report.process: the process, interpreter and GC families, read without
 prometheus_client, match what its collectors give for the same process."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import Format, encode
-from exporter.process import runtime_families
+from exporter.expose.exposition import Format, encode
+from exporter.report.process import runtime_families
 
 
 def _client_python_text() -> str:

@@ -1,4 +1,4 @@
-"""The README's flag table says what ``exporter.flags.FLAGS`` does: names, short forms,
+"""The README's flag table says what ``exporter.config.flags.FLAGS`` does: names, short forms,
 environment variables and defaults."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import pytest
 
-from exporter.flags import FLAGS, Flag
+from exporter.config.flags import FLAGS, Flag
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter import rules
 from exporter.cli import parse_settings
-from exporter.declared import load_targets
+from exporter.config import rules
+from exporter.config.settings import Settings
+from exporter.config.targetsfile import load_targets
 from exporter.errors import ConfigError, UsageError
-from exporter.settings import Settings
 
 # --- label names and the namespace ---------------------------------------------------
 

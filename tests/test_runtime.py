@@ -7,12 +7,11 @@ import logging
 
 import pytest
 
-from exporter.backoff import CollectorState
-from exporter.cache import Entry, Outcome
-from exporter.definitions import Collector, Definitions, Predicate
-from exporter.runtime import CollectorRuntime, Rules
-from exporter.server import Server, ServerOptions
-from tests.clock import FakeClock
+from exporter.collect.cache import Entry, Outcome
+from exporter.collect.runtime import CollectorRuntime, CollectorState, CollectorStats, Rules
+from exporter.collect.server import Server, ServerOptions
+from exporter.config.definitions import Collector, Definitions, Predicate
+from tests.fixtures.clock import FakeClock
 
 TTL = 10.0
 CEILING = 300.0
@@ -155,7 +154,7 @@ def test_a_success_ends_the_back_off_and_says_so(caplog: pytest.LogCaptureFixtur
     """D15: entering back-off is logged once at WARNING, one success clears the count and
     is logged once at INFO, with the collector and database as fields."""
     clock, runtime = FakeClock(), _runtime(draws=Draws(0.999999))
-    with caplog.at_level(logging.INFO, logger="exporter.runtime"):
+    with caplog.at_level(logging.INFO, logger="exporter.collect.runtime"):
         _fail_until_backing_off(runtime, clock)
         assert runtime.backoff is not None
         clock.now = runtime.backoff.retry_at
@@ -258,3 +257,31 @@ def test_a_reload_forgets_every_runtime() -> None:
     fresh = server.runtime(collector)
     assert fresh is not runtime
     assert (fresh.entry, fresh.backoff, fresh.ran) == (None, None, False)
+
+
+def test_stats_classify_outcomes() -> None:
+    """Hits, skips and failures are counted apart, each outcome separately (D10)."""
+    stats = CollectorStats()
+    stats.record(Outcome.OK, duration=0.2, series=7)
+    stats.record(Outcome.CACHED)
+    stats.record(Outcome.SKIPPED, duration=0.01)
+    stats.record(Outcome.TIMEOUT, duration=1.0)
+    stats.record(Outcome.TOO_MANY_SERIES, duration=0.5)
+    assert (stats.total, stats.hits, stats.skips, stats.errors) == (5, 1, 1, 2)
+    assert stats.outcomes[Outcome.TIMEOUT] == 1
+    assert stats.last_duration == 0.5
+    assert stats.series == 0
+
+
+def test_held_back_collectors_are_counted_but_keep_their_last_figures() -> None:
+    """A collector held back by its back-off or shed by the breaker is one more visit with
+    its own outcome, neither a hit nor an error; its last run's figures stand (D10, D15,
+    D16)."""
+    stats = CollectorStats()
+    stats.record(Outcome.OK, duration=0.2, series=7)
+    stats.record(Outcome.BACKOFF)
+    stats.record(Outcome.SHED)
+    assert (stats.total, stats.hits, stats.errors) == (3, 0, 0)
+    assert (stats.outcomes[Outcome.BACKOFF], stats.outcomes[Outcome.SHED]) == (1, 1)
+    assert (stats.series, stats.last_duration) == (7, 0.2)
+    assert (Outcome.BACKOFF.failed, Outcome.SHED.failed) == (False, False)

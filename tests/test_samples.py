@@ -1,4 +1,5 @@
-"""Tests for exporter.samples: casting, labels, column checks, histograms and the series cap."""
+"""Tests for exporter.expose.samples: casting, labels, column checks, histograms and the
+series cap."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from decimal import Decimal
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter import samples
-from exporter.casting import label_text, to_number
-from exporter.definitions import Collector, Column, Usage
+from exporter.config.definitions import Collector, Column, Usage
 from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError
-from exporter.exposition import Family, Format, encode
-from exporter.samples import SampleBuilder, layout_of
+from exporter.expose import samples
+from exporter.expose.exposition import Family, Format, encode
+from exporter.expose.samples import SampleBuilder, layout_of
+from exporter.pg.casting import label_text, to_number
 
 UTC = dt.UTC
 BOOL, BYTEA, INT8, INT4, TEXT, FLOAT8, NUMERIC, TIMESTAMP = 16, 17, 20, 23, 25, 701, 1700, 1114

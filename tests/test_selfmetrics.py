@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.admission import Admission
-from exporter.cache import Entry, Outcome
-from exporter.collection import Exporter
-from exporter.definitions import Collector, Definitions
-from exporter.exposition import Format, encode
-from exporter.planning import ServerFacts, make_plan
-from exporter.selfmetrics import SelfMetrics
-from exporter.settings import Settings
-from tests.clock import FakeClock
+from exporter.collect.admission import Admission
+from exporter.collect.cache import Entry, Outcome
+from exporter.collect.exporter import Exporter
+from exporter.collect.planning import make_plan
+from exporter.config.definitions import Collector, Definitions
+from exporter.config.settings import Settings
+from exporter.expose.exposition import Format, encode
+from exporter.pg.preflight import ServerFacts
+from exporter.report.selfmetrics import SelfMetrics
+from tests.fixtures.clock import FakeClock
 
 FACTS = ServerFacts(version=180000, in_recovery=False, datname="db", username="u")
 FAILING = Collector(key="failing", name="failing", query="SELECT 1", columns=(), ttl=10.0)

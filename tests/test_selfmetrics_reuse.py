@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from exporter.admission import Admission
-from exporter.budget import Interruption
-from exporter.exposition import Format, encode
-from exporter.selfmetrics import SelfMetrics
+from exporter.collect.admission import Admission
+from exporter.collect.budget import Interruption
+from exporter.expose.exposition import Format, encode
+from exporter.report.selfmetrics import SelfMetrics
 
 
 def _by_name(metrics: SelfMetrics, admission: Admission) -> dict[str, bytes]:

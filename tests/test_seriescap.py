@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from exporter.definitions import Collector
-from exporter.exposition import Family, make_family
-from exporter.seriescap import Part, SeriesCap, fit
+from exporter.collect.seriescap import Part, SeriesCap, fit
+from exporter.config.definitions import Collector
+from exporter.expose.exposition import Family, make_family
 
 
 def _collector(key: str, priority: int) -> Collector:
@@ -59,7 +59,7 @@ def test_zero_means_no_limit() -> None:
 def test_a_change_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     """WARNING when collectors are first left out, nothing while it stays so, INFO after."""
     cap = SeriesCap(50)
-    with caplog.at_level(logging.INFO, logger="exporter.seriescap"):
+    with caplog.at_level(logging.INFO, logger="exporter.collect.seriescap"):
         cap.apply(_parts())
         cap.apply(_parts())
         cap.limit = 0

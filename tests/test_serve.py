@@ -26,12 +26,12 @@ from typing import cast
 import pytest
 
 from exporter import serve
-from exporter.collection import Exporter
-from exporter.declared import Declared, DeclaredTarget
-from exporter.definitions import Definitions
-from exporter.settings import ListenAddress, Settings
-from exporter.web.config import WebConfig
+from exporter.collect.exporter import Exporter
+from exporter.config.definitions import Definitions
+from exporter.config.settings import ListenAddress, Settings
+from exporter.config.targetsfile import Declared, DeclaredTarget
 from exporter.web.reloading import Reloader, ReloadResult
+from exporter.web.webconfig import WebConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE = 30.0  # seconds; generous for a busy machine
@@ -128,7 +128,7 @@ def test_exit_within_ends_a_process_a_thread_keeps(tmp_path: Path) -> None:
     for good, saying why first."""
     code = (
         "import threading\n"
-        "from exporter.logs import configure_logging\n"
+        "from exporter.config.logs import configure_logging\n"
         "from exporter.serve import exit_within\n"
         "configure_logging('info', 'logfmt')\n"
         "exit_within(0.2, 7)\n"

@@ -9,17 +9,18 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.breaker import NO_SHEDDING, PassTally, Shedding
-from exporter.budget import Budget, Interruption
-from exporter.cache import Entry, Outcome
-from exporter.definitions import Collector, Definitions
+from exporter.collect.breaker import NO_SHEDDING, PassTally, Shedding
+from exporter.collect.budget import Budget, Interruption
+from exporter.collect.cache import Entry, Outcome
+from exporter.collect.planning import make_plan
+from exporter.collect.seriescap import Part
+from exporter.collect.server import Server, ServerOptions, ServerResult
+from exporter.config.definitions import Collector, Definitions
 from exporter.errors import FatalCollectorFailed
-from exporter.exposition import Family
-from exporter.planning import ServerFacts, make_plan
-from exporter.prepared import Prepared
-from exporter.seriescap import Part
-from exporter.server import Server, ServerOptions, ServerResult
-from tests.clock import FakeClock
+from exporter.expose.exposition import Family
+from exporter.pg.preflight import ServerFacts
+from exporter.pg.prepared import Prepared
+from tests.fixtures.clock import FakeClock
 
 TTL = 10.0
 FACTS = ServerFacts(version=180000, in_recovery=False, datname="app", username="u")

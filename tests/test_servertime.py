@@ -11,13 +11,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from exporter.backoff import CollectorState
-from exporter.breaker import NO_SHEDDING, Shedding
-from exporter.cache import Entry, Outcome
-from exporter.definitions import Collector
-from exporter.planning import Plan, ServerFacts
-from exporter.runtime import CollectorRuntime, Rules
-from exporter.servertime import (
+from exporter.collect.breaker import NO_SHEDDING, Shedding
+from exporter.collect.cache import Entry, Outcome
+from exporter.collect.planning import Plan
+from exporter.collect.runtime import CollectorRuntime, CollectorState, Rules
+from exporter.collect.servertime import (
     COST_WEIGHT,
     RECENT,
     RELAX_AFTER,
@@ -27,8 +25,10 @@ from exporter.servertime import (
     demands_of,
     tier,
 )
-from exporter.stretch import AT_CEILING
-from tests.clock import FakeClock
+from exporter.collect.stretch import AT_CEILING
+from exporter.config.definitions import Collector
+from exporter.pg.preflight import ServerFacts
+from tests.fixtures.clock import FakeClock
 
 FACTS = ServerFacts(version=180000, in_recovery=False, datname="db", username="u")
 
@@ -86,7 +86,7 @@ def _collector(key: str, *, priority: int, ttl: float = 0.0, fatal: bool = False
 def test_tiers_follow_the_breakers_thirds() -> None:
     """Tier n is the shedding level that first leaves a collector out; the first non-fatal
     collector and the fatal ones, never shed, are in the last tier."""
-    from exporter.breaker import shed_cut
+    from exporter.collect.breaker import shed_cut
 
     order = [_collector(f"c{i}", priority=100 + i) for i in range(6)]
     order.append(_collector("f", priority=99, fatal=True))
@@ -164,7 +164,7 @@ def test_the_budget_stretches_the_expensive_collector_not_the_fatal_and_logs_onc
     assert not budget.decided
     assert budget.describe(clock.now).endswith("not measured yet: it acts after 30s of passes")
     _passes(budget, clock, 0.22)
-    caplog.set_level(logging.INFO, logger="exporter.servertime")
+    caplog.set_level(logging.INFO, logger="exporter.collect.servertime")
     for _ in range(3):
         budget.begin(clock.now, [database], NO_SHEDDING)
     assert [r.levelno for r in caplog.records] == [logging.WARNING]

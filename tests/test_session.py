@@ -13,16 +13,16 @@ import pytest
 from psycopg import errors as pgerrors
 from psycopg.adapt import AdaptersMap
 
-from exporter.budget import Budget
-from exporter.cache import Outcome
-from exporter.definitions import Collector, Column, Usage
+from exporter.collect.budget import Budget
+from exporter.collect.cache import Outcome
+from exporter.collect.runtime import CollectorRuntime, Rules
+from exporter.collect.session import Conn, Place, Session, timeout_message
+from exporter.config.definitions import Collector, Column, Usage
 from exporter.errors import TooManySeriesError
-from exporter.limits import Guards, Limits
-from exporter.postgres import Batch
-from exporter.prepared import Prepared
-from exporter.runtime import CollectorRuntime, Rules
-from exporter.session import Conn, Place, Session, timeout_message
-from tests.clock import FakeClock
+from exporter.pg.limits import Guards, Limits
+from exporter.pg.postgres import Batch
+from exporter.pg.prepared import Prepared
+from tests.fixtures.clock import FakeClock
 
 
 def _collector(*, timeout: float | None = 2.5, max_series: int | None = None) -> Collector:

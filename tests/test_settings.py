@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from exporter.config.settings import Settings
 from exporter.errors import TargetError
-from exporter.settings import Settings
 
 
 def test_namespace_follows_pgbouncer_mode() -> None:

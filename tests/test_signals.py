@@ -26,7 +26,7 @@ DEADLINE = 30.0  # seconds for a condition to come about
 
 _PRELUDE = """
 import asyncio, os, sys, time
-from exporter.logs import configure_logging
+from exporter.config.logs import configure_logging
 from exporter import signals
 configure_logging("info", "logfmt")
 """

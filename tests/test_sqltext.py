@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.sqltext import (
+from exporter.config.sqltext import (
     QUERIES,
     REFUSED,
     Statement,
@@ -17,7 +17,7 @@ from exporter.sqltext import (
     split_statements,
     statement_count,
 )
-from tests.sqlgen import script
+from tests.fixtures.sqlgen import script
 
 
 def texts(sql: str, *, backslash_quotes: bool = False) -> list[str]:

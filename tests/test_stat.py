@@ -3,13 +3,14 @@ collector name, back-off and shedding folded in (D10, D15, D16), without a datab
 
 from __future__ import annotations
 
-from exporter.backoff import CollectorState
-from exporter.cache import Entry, Outcome
-from exporter.definitions import Collector, Definitions
-from exporter.planning import ServerFacts, make_plan
-from exporter.server import Server, ServerOptions
-from exporter.stat import collector_rows
-from tests.clock import FakeClock
+from exporter.collect.cache import Entry, Outcome
+from exporter.collect.planning import make_plan
+from exporter.collect.runtime import CollectorState
+from exporter.collect.server import Server, ServerOptions
+from exporter.config.definitions import Collector, Definitions
+from exporter.pg.preflight import ServerFacts
+from exporter.report.stat import collector_rows
+from tests.fixtures.clock import FakeClock
 
 FACTS = ServerFacts(version=180000, in_recovery=False, datname="db", username="u")
 OPTIONS = ServerOptions(url="postgresql:///db", connect_timeout=1.0, const_labels=(), tags=(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.stretch import AT_CEILING, LOW_WATER, Demand, allocate, decide, predicted
+from exporter.collect.stretch import AT_CEILING, LOW_WATER, Demand, allocate, decide, predicted
 
 
 def _demand(key: str, cost: float, *, tier: int = 1, ttl: float = 0.0, interval: float = 10.0,

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
+from exporter.config.target import MASK, SECRET_PARAMETERS, Target, mask
 from exporter.errors import TargetError
-from exporter.target import MASK, SECRET_PARAMETERS, Target, mask
 
 PROPERTY = settings(
     max_examples=300,

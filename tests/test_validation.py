@@ -3,10 +3,10 @@ collector's labels (the branch's checks in depth: tests/test_loading.py)."""
 
 from __future__ import annotations
 
-from exporter.definitions import DEFAULT_TIMEOUT, PRIORITY_BASE, Collector
+from exporter.config.definitions import DEFAULT_TIMEOUT, PRIORITY_BASE, Collector
+from exporter.config.problems import Notes
+from exporter.config.validation import const_label_problems, read_branch
 from exporter.errors import Problem
-from exporter.problems import Notes
-from exporter.validation import const_label_problems, read_branch
 
 BODY = {"query": "SELECT 1", "metrics": [{"d": {"usage": "LABEL"}}, {"v": {"usage": "GAUGE"}}]}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.problems import Notes
-from exporter.yamlfiles import Bounds, parse_yaml, read_text
+from exporter.config.problems import Notes
+from exporter.config.yamlfiles import Bounds, parse_yaml, read_text
 
 SMALL = Bounds(chars=200, values=10, alias_expansion=50)
 

@@ -1,10 +1,18 @@
 """The HTTP layer: the aiohttp application and everything it serves.
 
-``app`` (factory and runner), ``routes`` (the route table and landing page),
-``metrics`` (the telemetry path), ``pages`` (/version, /explain, /stat, /reload),
-``health`` (the probe and the routing endpoints), ``auth`` and ``config`` (the
-exporter-toolkit web config: TLS and basic auth), ``reloading`` and ``state``
-(what the handlers share). :mod:`exporter.serve` runs it.
+- ``app``: the application's factory and the runner production uses.
+- ``routes``: the route table and the landing page.
+- ``metrics``: the telemetry path.
+- ``pages``: /version, /explain, /stat and /reload.
+- ``health``: the routing endpoints, answered from the probe's snapshot.
+- ``auth`` and ``webconfig``: the exporter-toolkit web config (TLS, basic auth).
+- ``reloading``: reading the collector config again, safely under a flood.
+- ``appstate``: where a single target's handlers find its state.
+- ``fleetrequests`` and ``fleetpages``: which member a request names, and the
+  fleet's pages.
+
+May import: every layer; only :mod:`exporter.cli` and :mod:`exporter.serve` import it.
+:mod:`exporter.serve` runs it.
 
 Importing this package imports aiohttp without loading the system's CA bundle into
 the two client TLS contexts aiohttp makes at import time (see :func:`_import_aiohttp`).

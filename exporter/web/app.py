@@ -12,23 +12,23 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from exporter.admission import Admission
-from exporter.collection import Exporter
-from exporter.declared import Declared
-from exporter.definitions import Definitions
-from exporter.fleet import Fleet
-from exporter.selfmetrics import SelfMetrics
-from exporter.settings import Settings
-from exporter.state import State
+from exporter.collect.admission import Admission
+from exporter.collect.exporter import Exporter
+from exporter.config.definitions import Definitions
+from exporter.config.settings import Settings
+from exporter.config.targetsfile import Declared
+from exporter.fleet.members import Fleet
+from exporter.fleet.state import State
+from exporter.report.selfmetrics import SelfMetrics
+from exporter.web.appstate import STATE
 from exporter.web.auth import install
-from exporter.web.config import WebConfig
-from exporter.web.fleet import FLEET
 from exporter.web.fleetpages import FLEET_PAGES, FleetPages
+from exporter.web.fleetrequests import FLEET
 from exporter.web.health import HEALTH_PROBE, health_context
 from exporter.web.metrics import Throttle
 from exporter.web.reloading import RELOADER, Reloader, settle_heap
 from exporter.web.routes import add_routes
-from exporter.web.state import STATE
+from exporter.web.webconfig import WebConfig
 
 SHUTDOWN_TIMEOUT = 10.0  # seconds for responses in flight to finish on SIGTERM
 MALFORMED_LOG_PERIOD = 10.0  # seconds between two log lines about malformed requests

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
-from exporter.web.config import BCRYPT_MAX_PASSWORD, REALM, WebConfig
+from exporter.web.webconfig import BCRYPT_MAX_PASSWORD, REALM, WebConfig
 
 BCRYPT_THREADS = 2  # bcrypt checks at once: what a flood of wrong passwords can cost in cores
 SUSPECTS_KEPT = 16384  # client addresses remembered as having failed (a few MB at most)

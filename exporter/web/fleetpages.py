@@ -23,16 +23,16 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from exporter.admission import Admission
-from exporter.budget import SCRAPE_TIMEOUT_HEADER, budget_seconds
-from exporter.bulkheads import Bulkhead, server_samples
-from exporter.declared import Declared
-from exporter.exposition import Family, Format, content_type, encode, make_family
-from exporter.fleet import Fleet, Member
-from exporter.logs import TARGET
-from exporter.probeslots import ProbeSlots
-from exporter.process import runtime_families
-from exporter.web.fleet import FLEET, FLEET_PAGE, member_for
+from exporter.collect.admission import Admission
+from exporter.collect.budget import SCRAPE_TIMEOUT_HEADER, budget_seconds
+from exporter.config.logs import TARGET
+from exporter.config.targetsfile import Declared
+from exporter.expose.exposition import Family, Format, content_type, encode, make_family
+from exporter.fleet.members import Fleet, Member
+from exporter.health.probeslots import ProbeSlots
+from exporter.pg.bulkheads import Bulkhead, server_samples
+from exporter.report.process import runtime_families
+from exporter.web.fleetrequests import FLEET, FLEET_PAGE, member_for
 from exporter.web.metrics import Answer, expose, write
 from exporter.web.pages import html_page
 

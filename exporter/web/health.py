@@ -1,7 +1,7 @@
 """Health and traffic routing: handlers answer from the probe's snapshot, never the database.
 
 Load balancers poll these endpoints often and act on the answer at once, so no
-handler ever waits on the database: :mod:`exporter.probe` keeps what the
+handler ever waits on the database: :mod:`exporter.health.probe` keeps what the
 target is, and the handlers only read it.
 """
 
@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from exporter.probe import PROBE_INTERVAL, HealthProbe, Status
-from exporter.probeslots import NOT_PROBED
-from exporter.settings import Settings
-from exporter.web.fleet import FLEET, member_for
+from exporter.config.settings import Settings
+from exporter.health.probe import PROBE_INTERVAL, HealthProbe, Status
+from exporter.health.probeslots import NOT_PROBED
+from exporter.web.fleetrequests import FLEET, member_for
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 

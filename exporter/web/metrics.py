@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 from aiohttp import hdrs, web
 
-from exporter.admission import Admission
-from exporter.budget import SCRAPE_TIMEOUT_HEADER, Budget, Interruption, budget_seconds
-from exporter.exposition import (
+from exporter.collect.admission import Admission
+from exporter.collect.budget import SCRAPE_TIMEOUT_HEADER, Budget, Interruption, budget_seconds
+from exporter.expose.exposition import (
     Family,
     Format,
     accepts_gzip,
@@ -31,9 +31,9 @@ from exporter.exposition import (
     encode_chunks,
     negotiate,
 )
-from exporter.process import runtime_families
-from exporter.state import State
-from exporter.web.state import STATE
+from exporter.fleet.state import State
+from exporter.report.process import runtime_families
+from exporter.web.appstate import STATE
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ import logging
 
 from aiohttp import web
 
-from exporter.explain import last_plans
-from exporter.flags import version_text
-from exporter.stat import stat_text
-from exporter.web.fleet import state_for
+from exporter.config.flags import version_text
+from exporter.report.explain import last_plans
+from exporter.report.stat import stat_text
+from exporter.web.appstate import STATE
+from exporter.web.fleetrequests import state_for
 from exporter.web.reloading import RELOADER
-from exporter.web.state import STATE
 
 log = logging.getLogger(__name__)
 

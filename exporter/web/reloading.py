@@ -22,13 +22,13 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from exporter.collection import Exporter
-from exporter.declared import load_targets
+from exporter.collect.exporter import Exporter
+from exporter.config.loading import YAML_SUFFIXES, load_for_settings
+from exporter.config.settings import Settings
+from exporter.config.targetsfile import load_targets
 from exporter.errors import ConfigError, UsageError
-from exporter.fleet import Fleet
-from exporter.loading import YAML_SUFFIXES, load_for_settings
-from exporter.settings import Settings
-from exporter.web.config import TlsConfig, load_certificates, load_web_config, ssl_context
+from exporter.fleet.members import Fleet
+from exporter.web.webconfig import TlsConfig, load_certificates, load_web_config, ssl_context
 
 log = logging.getLogger(__name__)
 

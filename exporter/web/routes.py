@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from exporter import __version__
-from exporter.web.fleet import FLEET_PAGE, SERVICE_DISCOVERY_PATH
 from exporter.web.fleetpages import (
     fleet_metrics_handler,
     probe_handler,
     service_discovery_handler,
     targets_handler,
 )
+from exporter.web.fleetrequests import FLEET_PAGE, SERVICE_DISCOVERY_PATH
 from exporter.web.health import (
     ALIVE_PATH,
     PRIMARY_PATHS,

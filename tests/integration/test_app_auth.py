@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
 from exporter.web.app import create_app
-from exporter.web.config import WebConfig
+from exporter.web.webconfig import WebConfig
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import settings_for, value, write_collectors
 from tests.fixtures.rawhttp import serving

@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from exporter.cache import Outcome
-from exporter.web.state import STATE
+from exporter.collect.cache import Outcome
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import (
     exporter_backends,
@@ -24,7 +24,8 @@ from tests.fixtures.helpers import (
     statement_calls,
     value,
 )
-from tests.fixtures.rawhttp import RawClient, Served, Start, get, poll, poll_async
+from tests.fixtures.polling import poll, poll_async
+from tests.fixtures.rawhttp import RawClient, Served, Start, get
 
 pytestmark = pytest.mark.concurrency
 

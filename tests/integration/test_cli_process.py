@@ -13,8 +13,9 @@ import pytest
 
 from exporter.cli import main
 from rigs.localpg import LocalCluster, free_port
-from tests.fixtures.helpers import COLLECTORS, REPO, http_get, terminate, value, wait_for
+from tests.fixtures.helpers import COLLECTORS, REPO, http_get, terminate, value
 from tests.fixtures.holdingproxy import holding_proxy
+from tests.fixtures.polling import wait_for
 
 
 def test_explain_prints_plan_with_reasons(
@@ -220,7 +221,7 @@ def test_a_preflight_that_never_answers_does_not_hold_the_start(
                 code = process.wait(timeout=30)
             else:
                 wait_for(lambda: http_get(f"http://127.0.0.1:{port}/")[0] == 200,
-                         "the exporter to listen", timeout=30)  # fmt: skip
+                         "the exporter to listen", within=30)  # fmt: skip
         finally:
             if not fail_fast:
                 code = terminate(process)

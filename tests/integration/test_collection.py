@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.loading import load_definitions
+from exporter.config.loading import load_definitions
 from exporter.web.app import create_app
-from exporter.web.state import STATE
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import (
     COLLECTORS,

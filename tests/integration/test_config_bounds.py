@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from exporter.loading import load_definitions
+from exporter.config.loading import load_definitions
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import settings_for, value
 from tests.fixtures.rawhttp import RawClient, get, serving

@@ -14,12 +14,13 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from exporter.cache import Outcome
-from exporter.session import Session
-from exporter.web.state import STATE
+from exporter.collect.cache import Outcome
+from exporter.collect.session import Session
+from exporter.web.appstate import STATE
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
 from tests.fixtures.helpers import exporter_backends, value
-from tests.fixtures.rawhttp import Served, Start, get, poll_async
+from tests.fixtures.polling import poll_async
+from tests.fixtures.rawhttp import Served, Start, get
 
 
 def _outcome(served: Served, key: str, datname: str | None = None) -> Outcome | None:

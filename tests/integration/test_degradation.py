@@ -18,21 +18,22 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from exporter.admission import Admission
-from exporter.breaker import BreakerState
-from exporter.budget import Budget, Interruption
-from exporter.cache import Outcome
-from exporter.collection import Exporter
-from exporter.explain import last_plans
-from exporter.exposition import Format, encode
-from exporter.passes import Snapshot
-from exporter.selfmetrics import SelfMetrics
-from exporter.stat import stat_text
-from exporter.web.state import STATE
+from exporter.collect.admission import Admission
+from exporter.collect.breaker import BreakerState
+from exporter.collect.budget import Budget, Interruption
+from exporter.collect.cache import Outcome
+from exporter.collect.exporter import Exporter
+from exporter.collect.passes import Snapshot
+from exporter.expose.exposition import Format, encode
+from exporter.report.explain import last_plans
+from exporter.report.selfmetrics import SelfMetrics
+from exporter.report.stat import stat_text
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
-from tests.clock import FakeClock
+from tests.fixtures.clock import FakeClock
 from tests.fixtures.helpers import settings_for, statement_calls, value, write_collectors
-from tests.fixtures.rawhttp import Start, get, poll_async
+from tests.fixtures.polling import poll_async
+from tests.fixtures.rawhttp import Start, get
 
 SEED = 16  # the jitter draws are seeded, so every count below is reproducible
 

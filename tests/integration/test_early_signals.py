@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from rigs.localpg import LocalCluster, free_port
-from tests.fixtures.helpers import COLLECTORS, REPO, http_get, terminate, wait_for
+from tests.fixtures.helpers import COLLECTORS, REPO, http_get, terminate
 from tests.fixtures.holdingproxy import holding_proxy
+from tests.fixtures.polling import wait_for
 
 # A stop signal ends the process within this many seconds while it starts: it gives up
 # the held first contact at once (and a held --explain within 3 s); the rest is margin
@@ -81,7 +82,7 @@ def test_sighup_while_the_first_preflight_is_held_waits_until_serving(held_start
     process, port, log = held_start()
     assert not _listening(port)  # still starting
     process.send_signal(signal.SIGHUP)
-    wait_for(lambda: _listening(port), "the exporter to serve after SIGHUP", timeout=40)
+    wait_for(lambda: _listening(port), "the exporter to serve after SIGHUP", within=40)
     text = log.read_text()
     assert process.poll() is None, text
     assert "SIGHUP while starting: the config is read again once it serves" in text

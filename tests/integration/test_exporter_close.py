@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 import uuid
 
-from exporter.cache import Outcome
-from exporter.web.state import STATE
+from exporter.collect.cache import Outcome
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import exporter_backends
-from tests.fixtures.rawhttp import RawClient, Start, poll, poll_async
+from tests.fixtures.polling import poll, poll_async
+from tests.fixtures.rawhttp import RawClient, Start
 
 
 def _sleeper(key: str, marker: str, seconds: float, timeout: float) -> str:

@@ -31,8 +31,8 @@ from urllib.parse import quote
 
 import pytest
 
-from exporter.budget import CANCEL_GRACE
-from exporter.settings import Settings
+from exporter.collect.budget import CANCEL_GRACE
+from exporter.config.settings import Settings
 from exporter.web.health import HEALTH_PATHS, PRIMARY_PATHS, REPLICA_PATHS, UP_PATHS
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
@@ -52,10 +52,10 @@ from tests.fixtures.helpers import (
     http_get,
     statement_calls,
     value,
-    wait_for,
     write_collectors,
 )
-from tests.fixtures.rawhttp import RawClient, Response, Served, Start, get, poll, poll_async
+from tests.fixtures.polling import poll, poll_async, wait_for
+from tests.fixtures.rawhttp import RawClient, Response, Served, Start, get
 
 pytestmark = pytest.mark.pg
 

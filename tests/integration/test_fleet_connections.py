@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter import fleet as fleet_module
-from exporter.settings import Settings
+from exporter.config.settings import Settings
+from exporter.fleet import members as fleet_module
 from rigs.localpg import LocalCluster
 from tests.fixtures.fleetrig import member, serving_fleet, write_targets
 from tests.fixtures.helpers import write_collectors
-from tests.fixtures.rawhttp import get, poll_async
+from tests.fixtures.polling import poll_async
+from tests.fixtures.rawhttp import get
 
 pytestmark = pytest.mark.pg
 

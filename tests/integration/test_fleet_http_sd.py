@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster
-from tests.fixtures.helpers import COLLECTORS, http_get, wait_for
+from tests.fixtures.helpers import COLLECTORS, http_get
+from tests.fixtures.polling import wait_for
 from tests.fixtures.processes import fleet_exporter, prometheus
 
 pytestmark = pytest.mark.pg
@@ -70,12 +71,12 @@ def test_prometheus_discovers_the_declared_targets_from_the_exporter(
             wait_for(
                 lambda: _up_by_instance(base) == {"alpha": 1.0, "beta": 1.0},
                 "Prometheus to scrape both declared targets through /probe",
-                timeout=30,
+                within=30,
             )
             targets.write_text(_targets(pg18, ["alpha", "beta", "gamma"]))
             assert http_get(f"http://127.0.0.1:{port}/reload", "POST")[0] == 200
             wait_for(
                 lambda: _up_by_instance(base).get("gamma") == 1.0,
                 "Prometheus to discover and scrape the target added by a reload",
-                timeout=30,
+                within=30,
             )

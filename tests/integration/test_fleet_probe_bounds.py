@@ -25,20 +25,14 @@ from typing import Any
 
 import pytest
 
-import exporter.fleet as fleet_module
-from exporter.probe import HealthProbe, Status
-from exporter.probeslots import NOT_PROBED
-from exporter.settings import Settings
+import exporter.fleet.members as fleet_module
+from exporter.config.settings import Settings
+from exporter.health.probe import HealthProbe, Status
+from exporter.health.probeslots import NOT_PROBED
 from rigs.localpg import LocalCluster, free_port
 from tests.fixtures.fleetrig import fleet_of, member, serving_fleet, write_targets
-from tests.fixtures.helpers import (
-    REPO,
-    http_get,
-    terminate,
-    value,
-    wait_for,
-    write_collectors,
-)
+from tests.fixtures.helpers import REPO, http_get, terminate, value, write_collectors
+from tests.fixtures.polling import wait_for
 from tests.fixtures.rawhttp import Response, Served, get
 
 pytestmark = pytest.mark.pg

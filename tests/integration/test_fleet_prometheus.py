@@ -27,14 +27,8 @@ import yaml
 
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
-from tests.fixtures.helpers import (
-    COLLECTORS,
-    REPO,
-    http_get,
-    statement_calls,
-    value,
-    wait_for,
-)
+from tests.fixtures.helpers import COLLECTORS, REPO, http_get, statement_calls, value
+from tests.fixtures.polling import wait_for
 from tests.fixtures.processes import fleet_exporter, prometheus
 
 pytestmark = pytest.mark.concurrency  # timing-sensitive: repeat with --repeat N
@@ -141,7 +135,7 @@ def test_every_target_is_scraped_under_its_name(
     /probe?target=NAME, `instance` is the name, `up` and `pg_up` are 1 at every scrape,
     and the pgBouncer target carries pgBouncer's series."""
     wait_for(lambda: _min(_by_instance(prom_a, f'count_over_time(up{{job="{JOB}"}}[1h])')) >= 5,
-             "five scrapes of every target", timeout=60)  # fmt: skip
+             "five scrapes of every target", within=60)  # fmt: skip
     targets = _api(prom_a, "targets", state="active")
     assert isinstance(targets, dict)
     probes = {
@@ -190,12 +184,12 @@ def test_ha_pair_runs_each_target_once_per_ttl(
     config = _config("fleet.yml", fleet, {EXPORTER: _local(exporter_port)}, "b")
     with prometheus(tmp_path, config) as prom_b:
         wait_for(lambda: _min(_by_instance(prom_b, f'up{{job="{JOB}"}}')) == 1.0,
-                 "prometheus b to scrape every target", timeout=60)  # fmt: skip
+                 "prometheus b to scrape every target", within=60)  # fmt: skip
         start = time.time()
         calls_before = {name: statement_calls(c, MARKER) for name, c in fleet.servers.items()}
         end = start + WINDOW
         wait_for(lambda: _scraped_after(prom_a, end) and _scraped_after(prom_b, end),
-                 "both servers to scrape past the window", timeout=WINDOW + 30)  # fmt: skip
+                 "both servers to scrape past the window", within=WINDOW + 30)  # fmt: skip
         calls = {
             name: statement_calls(c, MARKER) - calls_before[name]
             for name, c in fleet.servers.items()
@@ -255,7 +249,7 @@ def test_hashmod_gives_each_target_to_one_replica(
         with prometheus(tmp_path, config) as api:
             count = f'count_over_time(up{{job="{JOB}"}}[1h])'
             wait_for(lambda: _min(_by_instance(api, count)) >= 3,
-                     "three scrapes of every target", timeout=60)  # fmt: skip
+                     "three scrapes of every target", within=60)  # fmt: skip
             _always_up(api)
             assert set(_by_instance(api, count)) == set(NAMES)
             passes = [_passes(port) for port in ports]

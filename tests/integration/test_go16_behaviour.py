@@ -29,9 +29,9 @@ from tests.fixtures.helpers import (
     settings_for,
     terminate,
     value,
-    wait_for,
     write_collectors,
 )
+from tests.fixtures.polling import wait_for
 
 Client = TestClient[web.Request, web.Application]
 

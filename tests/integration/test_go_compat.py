@@ -17,14 +17,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.definitions import Definitions
-from exporter.planning import ServerFacts
+from exporter.config.definitions import Definitions
+from exporter.pg.preflight import ServerFacts
 from exporter.web.app import create_app
-from exporter.web.state import STATE
+from exporter.web.appstate import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import MAJORS, LocalCluster
-from tests.fixtures.helpers import COLLECTORS, samples, settings_for, wait_for
-from tests.gocompat import (
+from tests.fixtures.gocompat import (
     CHANGES_FILE,
     Row,
     applicable,
@@ -34,6 +33,8 @@ from tests.gocompat import (
     offers,
     read_rows,
 )
+from tests.fixtures.helpers import COLLECTORS, samples, settings_for
+from tests.fixtures.polling import wait_for
 from tests.integration.test_library_coverage import DB, MONITOR, _definitions, _prepare
 
 Client = TestClient[web.Request, web.Application]

@@ -25,10 +25,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.definitions import Collector, Definitions
+from exporter.config.definitions import Collector, Definitions
+from exporter.config.loading import load_for_settings
+from exporter.config.settings import Settings
 from exporter.errors import ConfigError
-from exporter.loading import load_for_settings
-from exporter.settings import Settings
 from exporter.web.app import create_app
 from rigs.localpg import LocalCluster
 from tests.data.gocompat.configs.record import GOOD, SPECIALS

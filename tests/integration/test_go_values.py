@@ -19,9 +19,8 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from rigs.localpg import LocalCluster
-from tests.fixtures.rawhttp import Start, get
-from tests.gocompat import Difference, compare_series, same_value, series_of
-from tests.govalues import (
+from tests.fixtures.gocompat import Difference, compare_series, same_value, series_of
+from tests.fixtures.govalues import (
     DATABASE,
     PREFIX,
     Cases,
@@ -31,7 +30,8 @@ from tests.govalues import (
     load_cases,
     prepare,
 )
-from tests.promtool import unexpected_problems
+from tests.fixtures.promtool import unexpected_problems
+from tests.fixtures.rawhttp import Start, get
 
 DOCS = Path(__file__).parents[2] / "docs" / "compatibility.md"
 KEPT_HEADING = "## Differences kept on purpose"
@@ -140,7 +140,7 @@ async def _expositions(
     prom, meta = golden_paths(major)
     facts = json.loads(meta.read_text(encoding="utf-8"))
     assert facts["config_sha256"] == digest(text), (
-        f"{prom.name} was recorded from other cases: re-record (python -m tests.govalues)"
+        f"{prom.name} was recorded from other cases: re-record (python -m tests.fixtures.govalues)"
     )
     served = await start(cluster, text, url=cluster.dsn(DATABASE), **settings)
     answer = await get(served.port)

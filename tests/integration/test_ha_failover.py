@@ -29,9 +29,9 @@ import aiohttp
 import pytest
 
 from rigs.localpatroni import SCOPE, LocalPatroni, PatroniNode
-from tests.fixtures.helpers import http_get, wait_for
+from tests.fixtures.helpers import http_get
+from tests.fixtures.polling import poll_async, wait_for
 from tests.fixtures.processes import Backend, exporter, haproxy, haproxy_states
-from tests.fixtures.rawhttp import poll_async
 from tests.fixtures.routing_timeline import (
     PERIOD,
     REQUEST_TIMEOUT,

@@ -10,7 +10,7 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +19,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.probe import HealthProbe, Status
-from exporter.settings import Settings
+from exporter.config.settings import Settings
+from exporter.health.probe import HealthProbe, Status
+from exporter.web.appstate import STATE
 from exporter.web.health import (
     HEALTH_PROBE,
     PRIMARY_PATHS,
@@ -30,9 +31,9 @@ from exporter.web.health import (
     health_context,
     health_handler,
 )
-from exporter.web.state import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster, pg18_bindir
+from tests.fixtures.polling import poll
 from tests.fixtures.rawhttp import Start, get
 
 Client = TestClient[web.Request, web.Application]
@@ -58,17 +59,6 @@ async def _client(
     app.cleanup_ctx.append(health_context(settings, interval=interval))
     client: Client = await aiohttp_client(app)
     return client, app[HEALTH_PROBE]
-
-
-async def _until(check: Callable[[], bool], what: str, limit: float = 10.0) -> float:
-    """Poll ``check`` until it holds; the seconds it took. Fails after ``limit`` seconds."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while not check():
-        if loop.time() - started > limit:
-            raise AssertionError(f"timed out after {limit:g}s waiting for {what}")
-        await asyncio.sleep(0.01)
-    return loop.time() - started
 
 
 async def _codes(client: Client, paths: tuple[str, ...]) -> set[tuple[int, str]]:
@@ -139,8 +129,8 @@ async def test_each_route_on_a_primary_and_its_replica(
     """Every routing path answers its §2 code, with the role as body, on both servers."""
     primary, primary_probe = await _client(aiohttp_client, pg18.dsn())
     replica, replica_probe = await _client(aiohttp_client, pg18_replica.dsn())
-    await _until(lambda: primary_probe.snapshot.status is Status.PRIMARY, "the primary")
-    await _until(lambda: replica_probe.snapshot.status is Status.REPLICA, "the replica")
+    await poll(lambda: primary_probe.snapshot.status is Status.PRIMARY, "the primary")
+    await poll(lambda: replica_probe.snapshot.status is Status.REPLICA, "the replica")
     assert await _codes(primary, UP_PATHS) == {(200, "primary")}
     assert await _codes(primary, PRIMARY_PATHS) == {(200, "primary")}
     assert await _codes(primary, REPLICA_PATHS) == {(404, "primary")}
@@ -156,14 +146,14 @@ async def test_stopping_the_primary_flips_it_to_503_while_handlers_stay_fast(
     (that they never wait on a probe shows against a hung server, below)."""
     with LocalCluster(pg18_bindir()) as cluster:
         client, probe = await _client(aiohttp_client, cluster.dsn(), connect_timeout=1.0)
-        await _until(lambda: probe.snapshot.status is Status.PRIMARY, "the primary")
+        await poll(lambda: probe.snapshot.status is Status.PRIMARY, "the primary")
         sampler = Sampler(client, "/primary")
         sampling = asyncio.create_task(sampler.run())
         await asyncio.to_thread(cluster.stop)
         stopped = time.monotonic()
-        flip = await _until(lambda: any(s == 503 for *_, s in sampler.samples), "a 503", 5.0)
+        flip = await poll(lambda: any(s == 503 for *_, s in sampler.samples), "a 503", 5.0)
         # A few more probes fail against the stopped server while the handlers keep answering.
-        await _until(lambda: probe.snapshot.checked_at > stopped + flip + 3 * INTERVAL, "probes")
+        await poll(lambda: probe.snapshot.checked_at > stopped + flip + 3 * INTERVAL, "probes")
         sampler.stop()
         await sampling
     assert await _codes(client, UP_PATHS + PRIMARY_PATHS + REPLICA_PATHS) == {(503, "down")}
@@ -182,14 +172,14 @@ async def test_a_shutdown_reaches_the_probe_between_two_probes(
     connection, which wakes the probe, instead of a second later."""
     with LocalCluster(pg18_bindir()) as cluster:
         client, probe = await _client(aiohttp_client, cluster.dsn(), 1.0, interval=1.0)
-        await _until(
+        await poll(
             lambda: probe.snapshot.status is Status.PRIMARY and probe.pace.spell is None,
             "a primary at the slow pace",
         )
         last = probe.snapshot.checked_at
-        await _until(lambda: probe.snapshot.checked_at > last, "a probe")
+        await poll(lambda: probe.snapshot.checked_at > last, "a probe")
         stopping = asyncio.create_task(asyncio.to_thread(cluster.stop))
-        flip = await _until(lambda: probe.snapshot.status is not Status.PRIMARY, "503", 5.0)
+        flip = await poll(lambda: probe.snapshot.status is not Status.PRIMARY, "503", 5.0)
         await stopping
     print(f"\nshutdown: not primary {flip * 1000:.0f} ms after pg_ctl stop was called")
     assert flip < 0.5
@@ -203,11 +193,11 @@ async def test_promoting_the_replica_moves_the_primary_routes(
     with LocalCluster(pg18_bindir()) as primary:
         replica = primary.make_replica()
         client, probe = await _client(aiohttp_client, replica.dsn())
-        await _until(lambda: probe.snapshot.status is Status.REPLICA, "the replica")
+        await poll(lambda: probe.snapshot.status is Status.REPLICA, "the replica")
         assert await _codes(client, PRIMARY_PATHS) == {(404, "replica")}
         assert await _codes(client, REPLICA_PATHS) == {(200, "replica")}
         await asyncio.to_thread(replica.psql, "SELECT pg_promote()")
-        await _until(lambda: probe.snapshot.status is Status.PRIMARY, "the promotion", 5.0)
+        await poll(lambda: probe.snapshot.status is Status.PRIMARY, "the promotion", 5.0)
         assert await _codes(client, PRIMARY_PATHS) == {(200, "primary")}
         assert await _codes(client, REPLICA_PATHS) == {(404, "primary")}
         assert await _codes(client, UP_PATHS) == {(200, "primary")}
@@ -222,7 +212,7 @@ async def test_a_server_refusing_connections_reads_as_starting(
         replica.psql("ALTER SYSTEM SET hot_standby = off")
         replica.restart()
         client, probe = await _client(aiohttp_client, replica.dsn())
-        await _until(lambda: probe.snapshot.status is not Status.UNKNOWN, "a probe")
+        await poll(lambda: probe.snapshot.status is not Status.UNKNOWN, "a probe")
         paths = UP_PATHS + PRIMARY_PATHS + REPLICA_PATHS
         assert await _codes(client, paths) == {(503, "starting")}, probe.snapshot
 
@@ -233,14 +223,14 @@ async def test_a_lost_probe_connection_is_replaced_without_a_false_down(
     """When the probe's backend is terminated, the same probe reconnects: no 503 blip."""
     app_name = f"health_{uuid.uuid4().hex[:12]}"  # our backend, apart from other tests'
     client, probe = await _client(aiohttp_client, f"{pg18.dsn()}&application_name={app_name}")
-    await _until(lambda: probe.snapshot.status is Status.PRIMARY, "the primary")
+    await poll(lambda: probe.snapshot.status is Status.PRIMARY, "the primary")
     pid_sql = f"SELECT pid FROM pg_stat_activity WHERE application_name = '{app_name}'"
     old_pid = pg18.psql(pid_sql)
     sampler = Sampler(client, "/up")
     sampling = asyncio.create_task(sampler.run())
     pg18.psql(f"SELECT pg_terminate_backend(pid) FROM ({pid_sql}) AS probe")
     terminated = time.monotonic()
-    await _until(lambda: probe.snapshot.checked_at > terminated + 2 * INTERVAL, "two probes")
+    await poll(lambda: probe.snapshot.checked_at > terminated + 2 * INTERVAL, "two probes")
     sampler.stop()
     await sampling
     new_pid = pg18.psql(pid_sql)
@@ -303,22 +293,22 @@ async def test_a_hung_server_reads_as_down_while_handlers_stay_fast(
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres?application_name={app_name}"
     try:
         client, probe = await _client(aiohttp_client, url, connect_timeout=timeout)
-        await _until(lambda: probe.snapshot.status is Status.PRIMARY, "the primary")
+        await poll(lambda: probe.snapshot.status is Status.PRIMARY, "the primary")
         sampler = Sampler(client, "/up")
         sampling = asyncio.create_task(sampler.run())
         proxy.relaying.clear()
         frozen = time.monotonic()
-        flip = await _until(lambda: probe.snapshot.status is Status.DOWN, "down", 5.0)
+        flip = await poll(lambda: probe.snapshot.status is Status.DOWN, "down", 5.0)
         # Several probes run into the hang while the handlers keep answering.
-        await _until(lambda: probe.snapshot.checked_at > frozen + 4 * timeout, "more probes")
+        await poll(lambda: probe.snapshot.checked_at > frozen + 4 * timeout, "more probes")
         thawed = time.monotonic()
         proxy.relaying.set()
-        await _until(lambda: probe.snapshot.status is Status.PRIMARY, "the recovery", 5.0)
+        await poll(lambda: probe.snapshot.status is Status.PRIMARY, "the recovery", 5.0)
         sampler.stop()
         await sampling
         count_sql = f"SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app_name}'"
         # Connections abandoned in the hang close as the server notices: slow on a busy host.
-        await _until(lambda: pg18.psql(count_sql) == "1", "one probe connection", 30.0)
+        await poll(lambda: pg18.psql(count_sql) == "1", "one probe connection", 30.0)
     finally:
         await proxy.close()
     hung = sampler.latencies(since=frozen, until=thawed)
@@ -343,12 +333,12 @@ async def test_pgbouncer_console_reads_as_up(
     with _pgbouncer(pg18) as (url, log):
         assert Settings(url=url).is_pgbouncer
         client, probe = await _client(aiohttp_client, url)
-        await _until(lambda: probe.snapshot.status is not Status.UNKNOWN, "a probe")
+        await poll(lambda: probe.snapshot.status is not Status.UNKNOWN, "a probe")
         assert probe.snapshot.status is Status.PRIMARY, probe.snapshot
         # Past psycopg's prepare threshold (5) on one connection: the console would reject
         # a prepared statement, and the probe must neither fail nor reconnect.
         first = probe.snapshot.checked_at
-        await _until(lambda: probe.snapshot.checked_at > first + 6 * INTERVAL, "six probes")
+        await poll(lambda: probe.snapshot.checked_at > first + 6 * INTERVAL, "six probes")
         assert probe.snapshot.status is Status.PRIMARY, probe.snapshot
         assert log.read_text().count("login attempt: db=pgbouncer") == 1
         assert await _codes(client, UP_PATHS) == {(200, "primary")}

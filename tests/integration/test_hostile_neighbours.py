@@ -17,9 +17,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from exporter.cache import Outcome
-from exporter.definitions import Predicate
-from exporter.web.state import STATE
+from exporter.collect.cache import Outcome
+from exporter.config.definitions import Predicate
+from exporter.web.appstate import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import SERVER_ACCOUNT, LocalCluster, bindir_for
 from tests.fixtures.helpers import samples, settings_for, value, write_collectors
@@ -163,7 +163,7 @@ async def test_a_tenant_schema_left_out_is_said_once(
     pg: LocalCluster, tenancy: Tenancy, start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The schema left out of our path is logged once with why, not at every pass."""
-    caplog.set_level("WARNING", logger="exporter.server")
+    caplog.set_level("WARNING", logger="exporter.collect.server")
     url = pg.dsn(tenancy.database, user=tenancy.monitor)
     served = await start(pg, _TENANT_COLLECTORS, disable_cache=True, url=url)
     for _ in range(3):

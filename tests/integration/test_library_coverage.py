@@ -16,17 +16,19 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.cache import Outcome
-from exporter.definitions import Definitions
-from exporter.loading import load_definitions
-from exporter.planning import ServerFacts, make_plan
-from exporter.samples import SampleBuilder
+from exporter.collect.cache import Outcome
+from exporter.collect.planning import make_plan
+from exporter.config.definitions import Definitions
+from exporter.config.loading import load_definitions
+from exporter.expose.samples import SampleBuilder
+from exporter.pg.preflight import ServerFacts
 from exporter.web.app import create_app
-from exporter.web.state import STATE
+from exporter.web.appstate import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import MAJORS, LocalCluster
-from tests.fixtures.helpers import COLLECTORS, samples, settings_for, value, wait_for
-from tests.promtool import unexpected_problems
+from tests.fixtures.helpers import COLLECTORS, samples, settings_for, value
+from tests.fixtures.polling import wait_for
+from tests.fixtures.promtool import unexpected_problems
 
 Client = TestClient[web.Request, web.Application]
 

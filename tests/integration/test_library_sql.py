@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from exporter.loading import load_definitions
+from exporter.config.loading import load_definitions
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import COLLECTORS
 

@@ -20,9 +20,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.cache import Outcome
+from exporter.collect.cache import Outcome
 from exporter.web.app import create_app
-from exporter.web.state import STATE
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster, LocalPgError
 from tests.fixtures.helpers import (
     exporter_backends,
@@ -33,7 +33,8 @@ from tests.fixtures.helpers import (
     value,
     write_collectors,
 )
-from tests.fixtures.rawhttp import RawClient, Served, Start, get, poll, poll_async
+from tests.fixtures.polling import poll, poll_async
+from tests.fixtures.rawhttp import RawClient, Served, Start, get
 
 Client = TestClient[web.Request, web.Application]
 
@@ -275,7 +276,7 @@ async def test_the_series_budget_leaves_out_whole_collectors_and_says_so(
         max_total_series=1000,
     )
     client: Client = await aiohttp_client(create_app(settings, write_collectors(tmp_path, SERIES)))
-    with caplog.at_level(logging.INFO, logger="exporter.seriescap"):
+    with caplog.at_level(logging.INFO, logger="exporter.collect.seriescap"):
         for _ in range(2):
             body = await (await client.get("/metrics")).text()
     found = samples(body)

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster, pg18_bindir
-from tests.fixtures.helpers import http_get, terminate, wait_for
+from tests.fixtures.helpers import http_get, terminate
+from tests.fixtures.monitoring import RULE_FILES, Expression, dashboard_expressions, recording_rules
+from tests.fixtures.polling import wait_for
 from tests.fixtures.processes import exporter, prometheus
-from tests.monitoring import RULE_FILES, Expression, dashboard_expressions, recording_rules
 
 # Scrapes and rule evaluations every second, so that rates over the dashboards' 10 s
 # window and the rules' 5 m windows have samples within seconds. extra-scrape-metrics
@@ -126,12 +127,12 @@ def test_mixin_on_a_real_prometheus(
             return not [e for e in expected if _problem(prometheus, e)]
 
         with contextlib.suppress(AssertionError):
-            wait_for(all_answer, "every expression to return data", timeout=_LOAD_SECONDS - 10)
+            wait_for(all_answer, "every expression to return data", within=_LOAD_SECONDS - 10)
         problems = [p for e in expected if (p := _problem(prometheus, e))]
         unhealthy = _unhealthy_rules(prometheus)
         # pg_db's ttl is 10 s: the rate shows the load once its counters were read twice.
         with contextlib.suppress(AssertionError):
-            wait_for(lambda: _value(prometheus, _TPS) > 10, "the load to show", timeout=25)
+            wait_for(lambda: _value(prometheus, _TPS) > 10, "the load to show", within=25)
         tps = _value(prometheus, _TPS)
     assert problems == []
     assert unhealthy == []

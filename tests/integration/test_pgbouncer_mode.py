@@ -8,11 +8,11 @@ from dataclasses import replace
 
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.cache import Outcome
-from exporter.loading import load_definitions
-from exporter.settings import Settings
+from exporter.collect.cache import Outcome
+from exporter.config.loading import load_definitions
+from exporter.config.settings import Settings
 from exporter.web.app import create_app
-from exporter.web.state import STATE
+from exporter.web.appstate import STATE
 from rigs.localbouncer import LocalPgBouncer
 from tests.fixtures.helpers import COLLECTORS, samples, value
 

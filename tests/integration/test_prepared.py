@@ -9,10 +9,10 @@ import uuid
 import psycopg
 import pytest
 
-from exporter.cache import Outcome
-from exporter.server import Server
-from exporter.session import Session
-from exporter.web.state import STATE
+from exporter.collect.cache import Outcome
+from exporter.collect.server import Server
+from exporter.collect.session import Session
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import statements_since, value
 from tests.fixtures.rawhttp import Served, Start, get
@@ -201,8 +201,8 @@ async def test_prepared_plans_are_capped_and_their_memory_is_shown(
     """At most MAX_PREPARED queries are prepared on a connection (the rest run as text),
     and the self-metrics show how many and, read from the backend's memory contexts when
     the path is searched again, what their plans hold (issue 31)."""
-    monkeypatch.setattr("exporter.prepared.MAX_PREPARED", 2)
-    monkeypatch.setattr("exporter.server.PATH_RECHECK", 0.0)  # read at every pass
+    monkeypatch.setattr("exporter.pg.prepared.MAX_PREPARED", 2)
+    monkeypatch.setattr("exporter.collect.server.PATH_RECHECK", 0.0)  # read at every pass
     text = "".join(_collector(f"pc_{i}", f"SELECT {i} AS v /* pc_{i} */") for i in range(4))
     served = await start(pg, text, disable_cache=True)
     for _ in range(4):

@@ -6,10 +6,11 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from exporter.loading import load_definitions
+from exporter.config.loading import load_definitions
 from rigs.localpg import LocalCluster, pg18_bindir
 from tests.fixtures.helpers import settings_for, value
-from tests.fixtures.rawhttp import get, poll_async, serving
+from tests.fixtures.polling import poll_async
+from tests.fixtures.rawhttp import get, serving
 
 
 async def test_promotion_is_followed_by_metrics_and_plan(tmp_path: Path) -> None:

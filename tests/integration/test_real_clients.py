@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import LocalCluster, pg18_bindir
-from tests.fixtures.helpers import http_get, samples, wait_for
+from tests.fixtures.helpers import http_get, samples
+from tests.fixtures.polling import wait_for
 from tests.fixtures.processes import Backend, exporter, haproxy, prometheus, settles
 
 # --- Prometheus -------------------------------------------------------------------------

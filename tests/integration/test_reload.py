@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 
 from exporter import __version__
-from exporter.budget import Budget
-from exporter.explain import plan_all
-from exporter.flags import version_text
-from exporter.loading import load_definitions
-from exporter.web.state import STATE
+from exporter.collect.budget import Budget
+from exporter.config.flags import version_text
+from exporter.config.loading import load_definitions
+from exporter.report.explain import plan_all
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
-from tests.fixtures.helpers import REPO, settings_for, value, wait_for
-from tests.fixtures.rawhttp import RawClient, Served, get, poll, serving
+from tests.fixtures.helpers import REPO, settings_for, value
+from tests.fixtures.polling import poll, wait_for
+from tests.fixtures.rawhttp import RawClient, Served, get, serving
 
 
 def _collector(key: str, column: str, value: str = "1", source: str = "") -> str:

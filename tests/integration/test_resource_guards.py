@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.limits import TEMP_FILE_CAP_KB, WORK_MEM_CAP_KB
-from exporter.web.state import STATE
+from exporter.pg.limits import TEMP_FILE_CAP_KB, WORK_MEM_CAP_KB
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import value
 from tests.fixtures.rawhttp import Start, get

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from exporter.cache import Outcome
-from exporter.web.state import STATE
+from exporter.collect.cache import Outcome
+from exporter.web.appstate import STATE
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import statements_since, value
 from tests.fixtures.rawhttp import Served, Start, get

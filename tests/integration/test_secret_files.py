@@ -29,10 +29,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from exporter import postgres
-from exporter.libpqfiles import LibpqFileRefused
+from exporter.pg import postgres
+from exporter.pg.libpqfiles import LibpqFileRefused
 from rigs.localpg import LocalCluster, free_port, pg15_bindir, server_account
-from tests.fixtures.helpers import COLLECTORS, REPO, value, wait_for
+from tests.fixtures.helpers import COLLECTORS, REPO, value
+from tests.fixtures.polling import wait_for
 
 ROLE = "pw_passfile"
 PASSWORD = "Qx7-passfile-secret"

@@ -32,11 +32,12 @@ import aiohttp
 import psycopg
 import pytest
 
-from exporter.settings import DEFAULT_SERVER_MAX_CONNECTIONS as CAP
-from exporter.settings import DEFAULT_SERVER_MAX_FAILED_LOGINS as FAILED_A_MINUTE
+from exporter.config.settings import DEFAULT_SERVER_MAX_CONNECTIONS as CAP
+from exporter.config.settings import DEFAULT_SERVER_MAX_FAILED_LOGINS as FAILED_A_MINUTE
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.fixtures.fleetrig import write_targets
-from tests.fixtures.helpers import REPO, http_get, terminate, value, wait_for, write_collectors
+from tests.fixtures.helpers import REPO, http_get, terminate, value, write_collectors
+from tests.fixtures.polling import wait_for
 
 pytestmark = pytest.mark.pg
 
@@ -125,7 +126,7 @@ def _exporter(tmp_path: Path, cluster: LocalCluster) -> Iterator[int]:
                 process.poll() is not None or http_get(f"http://127.0.0.1:{port}/alive")[0] == 200
             ),
             "the fleet exporter",
-            timeout=60,
+            within=60,
         )
         assert process.poll() is None, log.read_text()
         yield port

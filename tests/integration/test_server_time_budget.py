@@ -17,19 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from exporter.admission import Admission
-from exporter.budget import Budget
-from exporter.cache import Outcome
-from exporter.collection import Exporter
-from exporter.explain import degradation_text, last_plans
-from exporter.exposition import Format, encode
-from exporter.selfmetrics import SelfMetrics
-from exporter.settings import DEFAULT_SERVER_TIME_BUDGET_MS
-from exporter.stat import stat_text
-from exporter.stretch import AT_CEILING
+from exporter.collect.admission import Admission
+from exporter.collect.budget import Budget
+from exporter.collect.cache import Outcome
+from exporter.collect.exporter import Exporter
+from exporter.collect.stretch import AT_CEILING
+from exporter.config.settings import DEFAULT_SERVER_TIME_BUDGET_MS
+from exporter.expose.exposition import Format, encode
+from exporter.report.explain import degradation_text, last_plans
+from exporter.report.selfmetrics import SelfMetrics
+from exporter.report.stat import stat_text
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import settings_for, statement_calls, value, write_collectors
-from tests.promtool import unexpected_problems
+from tests.fixtures.promtool import unexpected_problems
 
 FIRST = 60  # passes of every exporter, a simulated second apart: the budget acts after 30
 MEASURED = 320  # passes of the budgeted ones after those: more than a 300 s window
@@ -174,7 +174,7 @@ async def test_an_expensive_collector_is_stretched_to_keep_the_budget_never_the_
         for name, ms in budgets.items()
     }  # fmt: skip
     budget, tight, off, default = runs.values()
-    caplog.set_level(logging.INFO, logger="exporter.servertime")
+    caplog.set_level(logging.INFO, logger="exporter.collect.servertime")
     try:
         settling = Phase(pg18, marks, clock)
         await _rounds(list(runs.values()), clock, FIRST)

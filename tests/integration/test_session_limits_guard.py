@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from exporter.cache import Outcome
-from exporter.session import Session
-from exporter.web.state import STATE
+from exporter.collect.cache import Outcome
+from exporter.collect.session import Session
+from exporter.web.appstate import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import prepared_names, value
@@ -78,7 +78,7 @@ async def test_through_a_transaction_pooler_no_setting_reaches_the_next_client(
     """Through pgBouncer in transaction pooling the exporter keeps a read-only transaction
     with limits local to it per collector, says why once, and a plain client of the same
     pool then sees the server's defaults: writable, no statement timeout (D1, D2)."""
-    caplog.set_level(logging.INFO, logger="exporter.server")
+    caplog.set_level(logging.INFO, logger="exporter.collect.server")
     url = pooled.dsn(pooled.databases[0])
     served = await start(pg18, _LIMITS, disable_cache=True, url=url)
     for _ in range(3):

@@ -2,7 +2,7 @@
 
 Each text is sent whole with the simple query protocol, which runs every statement
 it holds and returns a result for each: the server's count of results is the truth
-that :func:`exporter.sqltext.split_statements` must match, with
+that :func:`exporter.config.sqltext.split_statements` must match, with
 ``standard_conforming_strings`` on and off. Every text only reads constants.
 """
 
@@ -14,9 +14,9 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from exporter.sqltext import collector_sql_problem, split_statements, statement_count
+from exporter.config.sqltext import collector_sql_problem, split_statements, statement_count
 from rigs.localpg import LocalCluster
-from tests.sqlgen import script
+from tests.fixtures.sqlgen import script
 
 # Texts whose reading turns on one rule of the lexer each; all valid SQL either way.
 TRICKY = [

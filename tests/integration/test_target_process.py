@@ -15,7 +15,8 @@ import pytest
 from psycopg import sql
 
 from rigs.localpg import LocalCluster, free_port
-from tests.fixtures.helpers import COLLECTORS, REPO, terminate, value, wait_for
+from tests.fixtures.helpers import COLLECTORS, REPO, terminate, value
+from tests.fixtures.polling import wait_for
 
 ROLE = "pw_probe"
 # ? and # once cut the URL short; the rest is what a password may hold besides.

@@ -12,7 +12,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.web.config import WebConfig, load_web_config
+from exporter.web.webconfig import WebConfig, load_web_config
 from tests.fixtures.webrig import (
     FLOOD,
     client_context,

@@ -21,11 +21,11 @@ import bcrypt
 import pytest
 from aiohttp import web
 
-from exporter.loading import load_for_settings
-from exporter.settings import Settings
+from exporter.config.loading import load_for_settings
+from exporter.config.settings import Settings
 from exporter.web.app import create_app, make_runner
-from exporter.web.config import TlsConfig, WebConfig, load_web_config, ssl_context
 from exporter.web.reloading import RELOADER
+from exporter.web.webconfig import TlsConfig, WebConfig, load_web_config, ssl_context
 from rigs.localpg import free_port
 from tests.fixtures.helpers import REPO
 from tests.fixtures.webrig import basic, client_context, get, issue, make_ca, serving

@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from rigs.localpg import LocalCluster, free_port
-from tests.fixtures.helpers import value, wait_for
+from tests.fixtures.helpers import value
+from tests.fixtures.polling import wait_for
 from tests.packaging.conftest import IMAGE, REPO
 from tests.packaging.containers import UID, Podman, Running, start
 

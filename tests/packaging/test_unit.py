@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.flags import FLAGS
+from exporter.config.flags import FLAGS
 from tests.packaging.conftest import REPO, read_env_file
 
 UNIT_TEXT = (REPO / "packaging" / "pg_exporter.service").read_text()

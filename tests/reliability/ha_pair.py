@@ -42,9 +42,10 @@ from typing import Any
 
 import aiohttp
 
-from exporter.budget import SCRAPE_TIMEOUT_HEADER
+from exporter.collect.budget import SCRAPE_TIMEOUT_HEADER
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
 from tests.fixtures.helpers import calls_in_log
+from tests.fixtures.polling import poll_async
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,15 +54,6 @@ SCRAPE_TIMEOUT = 0.9  # below the 1 s interval, with room for a 0.6 s collector 
 CACHED_TTL = 5.0
 HEADER = SCRAPE_TIMEOUT_HEADER.lower()
 OUT_OF_BUDGET = b"budget ran out"
-
-
-async def until(check: Callable[[], bool], what: str, within: float) -> None:
-    """Poll ``check`` (off the event loop) until it holds, or fail after ``within`` s."""
-    deadline = time.monotonic() + within
-    while not await asyncio.to_thread(check):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {within:.0f} s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 # --- the recording proxy ------------------------------------------------------------
@@ -214,7 +206,7 @@ class Prometheus:
     async def ready(self) -> None:
         """Wait for ``/-/ready``; on failure, say why from the server's log."""
         try:
-            await until(lambda: _ready(self.port), f"prometheus {self.name} to be ready", 60)
+            await poll_async(lambda: _ready(self.port), f"prometheus {self.name} to be ready", 60)
         except TimeoutError as exc:
             tail = self.log.read_text(errors="replace")[-2000:]
             raise TimeoutError(f"{exc}; its log ends with:\n{tail}") from None
@@ -300,7 +292,7 @@ async def exporter_process(cluster: LocalCluster, config: Path, log: Path) -> As
             cwd=REPO, env={**os.environ}, stdout=sink, stderr=sink,
         )  # fmt: skip
     try:
-        await until(lambda: _ready_exporter(port), "the exporter to listen", 60)
+        await poll_async(lambda: _ready_exporter(port), "the exporter to listen", 60)
         yield port
     finally:
         await _stop(process)
@@ -469,7 +461,7 @@ async def _phases(
         servers = {k: await _record(proms[k], proxies[k], normal, overrun) for k in proms}
     # Scrapes Prometheus abandoned at its stop are still answered through the proxies;
     # our own request must not be a third one at once.
-    await until(lambda: not any(p.in_flight for p in proxies.values()), "idle proxies", 30)
+    await poll_async(lambda: not any(p.in_flight for p in proxies.values()), "idle proxies", 30)
     log = cluster.log_text()
     return Run(
         markers=markers, normal=normal, overrun=overrun, first_request=first, served=served,
@@ -493,7 +485,7 @@ def _calls(log: str, marker: str) -> int:
 
 async def _scrapes_since(proxies: dict[str, RecordingProxy], wall: float, count: int) -> None:
     """Wait until every proxy has recorded ``count`` finished scrapes that began after ``wall``."""
-    await until(
+    await poll_async(
         lambda: all(len(p.since(wall)) >= count for p in proxies.values()),
         f"{count} scrapes per Prometheus server",
         within=count * INTERVAL * 2 + 30,

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from exporter.budget import SCRAPE_TIMEOUT_HEADER
+from exporter.collect.budget import SCRAPE_TIMEOUT_HEADER
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.fixtures.helpers import exporter_backends, value
 from tests.fixtures.rawhttp import RawClient, get

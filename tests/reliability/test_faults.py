@@ -18,6 +18,7 @@ Waits are polled conditions with deadlines; sleeps only pace the load generators
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import statistics
 import textwrap
@@ -33,13 +34,13 @@ import psycopg
 import pytest
 from aiohttp import web
 
-from exporter.loading import load_definitions
-from exporter.settings import Settings
-from exporter.web.state import STATE
+from exporter.config.loading import load_definitions
+from exporter.config.settings import Settings
+from exporter.web.appstate import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
-from tests.fixtures.rawhttp import poll as wait_async
-from tests.reliability.test_shutdown import backends, http_get, poll, start_exporter
+from tests.fixtures.polling import poll, wait_for
+from tests.reliability.test_shutdown import backends, http_get, start_exporter
 
 pytestmark = pytest.mark.pg
 
@@ -226,14 +227,14 @@ async def test_stop_and_crash_then_start(cluster: LocalCluster, tmp: Path, mode:
                 assert metric(body, "pg_up") == 0
                 assert metric(body, f"rel_{marker}_v") is None
             await asyncio.to_thread(
-                poll, lambda: health.statuses[-1:] == [503], "/up to say down", 10
+                wait_for, lambda: health.statuses[-1:] == [503], "/up to say down", 10
             )
             await asyncio.to_thread(cluster.start)
             ended = time.monotonic()
             passes = await recover(port, "pg_up", ready=lambda b: metric(b, f"rel_{marker}_v") == 1)
             record(f"stop -m {mode}", time.monotonic() - ended, passes)
             await asyncio.to_thread(
-                poll, lambda: health.statuses[-1:] == [200], "/up to say up again", 10
+                wait_for, lambda: health.statuses[-1:] == [200], "/up to say up again", 10
             )
         health.check(f"stop -m {mode}")
         assert passes <= 2
@@ -254,7 +255,7 @@ async def test_terminate_backends_between_passes(cluster: LocalCluster, tmp: Pat
         assert (status, metric(body, "pg_up")) == (200, 1)
         tasks = len(asyncio.all_tasks())
         # Both connections exist before the kill: the health probe's may still be opening.
-        await asyncio.to_thread(poll, lambda: backends(cluster) == 2, "two backends", 10)
+        await asyncio.to_thread(wait_for, lambda: backends(cluster) == 2, "two backends", 10)
         with HealthTimer(port) as health:
             killed = await asyncio.to_thread(
                 cluster.psql,
@@ -267,7 +268,7 @@ async def test_terminate_backends_between_passes(cluster: LocalCluster, tmp: Pat
             record("pg_terminate_backend (idle)", time.monotonic() - ended, passes)
         health.check("pg_terminate_backend")
         assert passes <= 2
-        await asyncio.to_thread(poll, lambda: backends(cluster) <= 2, "backends ≤ 2", 10)
+        await asyncio.to_thread(wait_for, lambda: backends(cluster) <= 2, "backends ≤ 2", 10)
         await settle_tasks(tasks, "terminate")
 
 
@@ -286,7 +287,7 @@ async def test_terminate_backend_mid_collector_recovers_within_two_passes(
     async with exporter_for(settings_for(cluster.dsn()), config) as (port, _app):
         pending = asyncio.ensure_future(scrape(port))
         running = f"state = 'active' AND query LIKE '%{slow}%'"
-        await asyncio.to_thread(poll, lambda: backends(cluster, running) == 1, "the slow query")
+        await asyncio.to_thread(wait_for, lambda: backends(cluster, running) == 1, "the slow query")
         await asyncio.to_thread(
             cluster.psql,
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -322,7 +323,9 @@ async def test_database_dropped_during_its_pass(cluster: LocalCluster, tmp: Path
         with HealthTimer(port) as health:
             pending = asyncio.ensure_future(scrape(port))
             inside = f"datname = 'reldrop' AND state = 'active' AND query LIKE '%{slow}%'"
-            await asyncio.to_thread(poll, lambda: backends(cluster, inside) == 1, "pass in reldrop")
+            await asyncio.to_thread(
+                wait_for, lambda: backends(cluster, inside) == 1, "pass in reldrop"
+            )
             await asyncio.to_thread(cluster.psql, "DROP DATABASE reldrop WITH (FORCE)")
             ended = time.monotonic()
             status, body = await pending
@@ -370,7 +373,7 @@ async def test_lock_blocked_collector(cluster: LocalCluster, tmp: Path) -> None:
                 server = app[STATE].exporter.main
                 entry = server.runtimes["rel_blocked"].entry
                 assert entry is not None
-                await wait_async(lambda: server.clock() - entry.finished_at >= 1, "the 1 s TTL")
+                await poll(lambda: server.clock() - entry.finished_at >= 1, "the 1 s TTL")
                 started = time.monotonic()
                 status, body = await scrape(port)
                 took = time.monotonic() - started
@@ -466,7 +469,7 @@ def test_unreachable_at_startup_then_appears(tmp: Path) -> None:
                 fds.append(fd_count(process.popen.pid))
             pid = process.popen.pid
             # ±1 is the scrape's own socket being closed; settled, nothing has grown.
-            poll(lambda: fd_count(pid) <= min(fds), f"descriptors flat while down: {fds}", 10)
+            wait_for(lambda: fd_count(pid) <= min(fds), f"descriptors flat while down: {fds}", 10)
             latency = _time_up(process.url("/up"))
             assert latency < HEALTH_MAX, f"/up took {latency:.3f}s while the target was down"
             cluster.start()
@@ -479,12 +482,12 @@ def test_unreachable_at_startup_then_appears(tmp: Path) -> None:
                     break
             record("unreachable at start-up, then appears", time.monotonic() - ended, passes)
             assert passes <= 2
-            poll(lambda: http_get(process.url("/up"), limit=5) == 200, "/up 200", 10)
+            wait_for(lambda: http_get(process.url("/up"), limit=5) == 200, "/up 200", 10)
             # Connected now: one socket for the database, one for the probe.
-            poll(lambda: fd_count(pid) <= min(fds) + 2, "descriptors: +2 sockets at most", 10)
+            wait_for(lambda: fd_count(pid) <= min(fds) + 2, "descriptors: +2 sockets at most", 10)
             for _ in range(20):
                 assert _get_text(url)[0] == 200
-            poll(lambda: fd_count(pid) <= min(fds) + 2, "descriptors flat over 20 scrapes", 10)
+            wait_for(lambda: fd_count(pid) <= min(fds) + 2, "descriptors flat over 20 scrapes", 10)
             print(f"  fds while unreachable {min(fds)}, after recovery {fd_count(pid)}")
             assert backends(cluster) <= 2
         finally:
@@ -562,16 +565,16 @@ def test_restart_under_load(tmp: Path) -> None:
             for f in (load.scraper, load.scraper, load.timer)
         ]
         try:
-            poll(lambda: _get_text(process.url())[0] == 200, "a first scrape")
-            poll(lambda: http_get(process.url("/up"), limit=5) == 200, "/up 200", 10)
+            wait_for(lambda: _get_text(process.url())[0] == 200, "a first scrape")
+            wait_for(lambda: http_get(process.url("/up"), limit=5) == 200, "/up 200", 10)
             fds_before = fd_count(process.popen.pid)
             for thread in threads:
                 thread.start()
-            poll(lambda: len(load.results) >= 6, "scrapers running")
+            wait_for(lambda: len(load.results) >= 6, "scrapers running")
             for restart in (1, 2):
                 cluster.restart()
                 ended = time.monotonic()
-                poll(lambda e=ended: load.up_since(e), "pg_up 1 after the restart", 15)
+                wait_for(functools.partial(load.up_since, ended), "pg_up 1 after the restart", 15)
                 after = [r for r in list(load.results) if r[0] > ended]
                 first_up = next(i for i, r in enumerate(after) if r[2] == 1)
                 record(
@@ -580,7 +583,7 @@ def test_restart_under_load(tmp: Path) -> None:
                     first_up + 1,
                 )
                 assert first_up + 1 <= 2 * 2  # two passes, each seen by both scrapers
-            poll(lambda: len(load.results) >= 10, "more scrapes")
+            wait_for(lambda: len(load.results) >= 10, "more scrapes")
         finally:
             load.stop.set()
             for thread in threads:
@@ -592,7 +595,7 @@ def test_restart_under_load(tmp: Path) -> None:
             assert statuses == {200}
             assert 0 in {up for _, _, up in load.results}, "the restart was never seen"
             assert max(load.health) < HEALTH_MAX
-            poll(lambda: backends(cluster) <= 2, "backends ≤ 2", 10)
-            poll(lambda: fd_count(process.popen.pid) <= fds_before, "fds back to baseline", 10)
+            wait_for(lambda: backends(cluster) <= 2, "backends ≤ 2", 10)
+            wait_for(lambda: fd_count(process.popen.pid) <= fds_before, "fds back to baseline", 10)
         finally:
             process.stop()

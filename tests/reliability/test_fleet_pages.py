@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from exporter.declared import load_targets
-from exporter.fleet import APPLY_CHUNK
-from exporter.settings import Settings
+from exporter.config.settings import Settings
+from exporter.config.targetsfile import load_targets
+from exporter.fleet.members import APPLY_CHUNK
 from exporter.web.fleetpages import FLEET_PAGES, Page
 from rigs.localpg import free_port
 from tests.fixtures.fleetrig import fleet_of, serving_fleet, write_targets
 from tests.fixtures.helpers import write_collectors
-from tests.fixtures.rawhttp import Served, get, poll
+from tests.fixtures.polling import poll
+from tests.fixtures.rawhttp import Served, get
 
 pytestmark = pytest.mark.usefixtures("enough_descriptors")
 

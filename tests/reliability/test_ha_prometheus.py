@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.programs import required
+from tests.fixtures.programs import required
 from tests.reliability.ha_pair import Row, figures, run_pair, table
 
 pytestmark = pytest.mark.pg  # it starts its own PostgreSQL 18

@@ -18,14 +18,8 @@ import aiohttp
 import pytest
 
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
-from tests.fixtures.helpers import (
-    COLLECTORS,
-    REPO,
-    statement_calls,
-    terminate,
-    value,
-    wait_for,
-)
+from tests.fixtures.helpers import COLLECTORS, REPO, statement_calls, terminate, value
+from tests.fixtures.polling import wait_for
 
 pytestmark = pytest.mark.pg
 

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.definitions import Definitions
+from exporter.config.definitions import Definitions
+from exporter.config.loading import load_definitions
 from exporter.errors import ConfigError
-from exporter.loading import load_definitions
 from tests.fixtures.helpers import REPO
 
 MESSAGE_CHARS = 600  # the longest line a problem or warning may take, with its location

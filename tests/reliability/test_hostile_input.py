@@ -27,14 +27,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.budget import DEFAULT_BUDGET, budget_seconds
 from exporter.cli import parse_settings
-from exporter.definitions import Definitions
+from exporter.collect.budget import DEFAULT_BUDGET, budget_seconds
+from exporter.config.definitions import Definitions
+from exporter.config.loading import load_definitions
+from exporter.config.target import MASK, Target, database_of, mask
 from exporter.errors import ConfigError, TargetError, UsageError
-from exporter.exposition import Format, encode, negotiate
-from exporter.loading import load_definitions
-from exporter.process import runtime_families
-from exporter.target import MASK, Target, database_of, mask
+from exporter.expose.exposition import Format, encode, negotiate
+from exporter.report.process import runtime_families
 
 CI = settings(
     max_examples=200,

@@ -22,17 +22,18 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.budget import Interruption
-from exporter.definitions import Definitions
-from exporter.settings import Settings
+from exporter.collect.budget import Interruption
+from exporter.config.definitions import Definitions
+from exporter.config.settings import Settings
 from exporter.web.app import MALFORMED, MALFORMED_LOG_PERIOD
-from exporter.web.config import WebConfig
+from exporter.web.appstate import STATE
 from exporter.web.health import HEALTH_PATHS
 from exporter.web.metrics import WRITE_STALL_SECONDS, Throttle
-from exporter.web.state import STATE
+from exporter.web.webconfig import WebConfig
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 from tests.fixtures.helpers import REPO, settings_for, write_collectors
-from tests.fixtures.rawhttp import RawClient, get, poll, serving
+from tests.fixtures.polling import poll
+from tests.fixtures.rawhttp import RawClient, get, serving
 
 pytestmark = [pytest.mark.pg, pytest.mark.usefixtures("enough_descriptors")]
 

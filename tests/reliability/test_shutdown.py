@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, pg18_bindir
+from tests.fixtures.polling import wait_for
 
 pytestmark = pytest.mark.pg
 
@@ -62,17 +63,6 @@ def http_get(url: str, headers: dict[str, str] | None = None, limit: float = 90)
         return exc.code
     except OSError:
         return 0
-
-
-def poll(check: object, what: str, within: float = 30.0) -> float:
-    """Poll ``check()`` until true; the seconds it took. Fails after ``within`` s."""
-    assert callable(check)
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > within:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
-        time.sleep(0.02)  # polling interval of a condition with a deadline
-    return time.monotonic() - start
 
 
 def backends(cluster: LocalCluster, extra: str = "true") -> int:
@@ -111,7 +101,7 @@ def start_exporter(dsn: str, config: Path, *extra: str) -> Process:
     )  # fmt: skip
     process = Process(popen, port)
     try:
-        poll(lambda: http_get(process.url("/"), limit=5) == 200, "the exporter to listen")
+        wait_for(lambda: http_get(process.url("/"), limit=5) == 200, "the exporter to listen")
     except BaseException:
         process.stop()
         raise
@@ -169,12 +159,12 @@ def sigterm_during_pass(
         try:
             scraper.start()
             running = f"state = 'active' AND query LIKE '%{marker}%'"
-            poll(lambda: backends(cluster, running) == 1, "the slow collector to run")
+            wait_for(lambda: backends(cluster, running) == 1, "the slow collector to run")
             sent = time.monotonic()
             process.popen.send_signal(signal.SIGTERM)
             code = process.popen.wait(timeout=120)
             exit_seconds = time.monotonic() - sent
-            gone = poll(lambda: backends(cluster) == 0, "no exporter backend left", within=10)
+            gone = wait_for(lambda: backends(cluster) == 0, "no exporter backend left", within=10)
             scraper.join(timeout=30)
         finally:
             process.stop()

@@ -15,9 +15,9 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.declared import Declared, DeclaredTarget
-from exporter.definitions import Definitions
-from exporter.settings import Settings
+from exporter.config.definitions import Definitions
+from exporter.config.settings import Settings
+from exporter.config.targetsfile import Declared, DeclaredTarget
 from exporter.web.app import (
     MALFORMED_LOG_PERIOD,
     MalformedRequests,
@@ -25,11 +25,11 @@ from exporter.web.app import (
     create_fleet_app,
     make_runner,
 )
-from exporter.web.config import WebConfig
-from exporter.web.fleet import FLEET
+from exporter.web.appstate import STATE
+from exporter.web.fleetrequests import FLEET
 from exporter.web.health import HEALTH_PROBE
 from exporter.web.reloading import RELOADER
-from exporter.web.state import STATE
+from exporter.web.webconfig import WebConfig
 
 Client = TestClient[web.Request, web.Application]
 NOWHERE = "postgresql://monitor@127.0.0.1:1/{}?sslmode=disable"

@@ -8,11 +8,11 @@ from typing import cast
 
 import pytest
 
-from exporter.addresses import ServerKey
-from exporter.bulkheads import Bulkheads
-from exporter.exposition import Format, encode
-from exporter.fleet import Fleet
-from exporter.probeslots import CeilingReached, ProbeSlots
+from exporter.expose.exposition import Format, encode
+from exporter.fleet.members import Fleet
+from exporter.health.probeslots import CeilingReached, ProbeSlots
+from exporter.pg.addresses import ServerKey
+from exporter.pg.bulkheads import Bulkheads
 from exporter.web.fleetpages import (
     MAX_PAGE_AGE,
     PAGE_SHARE,
@@ -22,7 +22,7 @@ from exporter.web.fleetpages import (
     servers_summary,
 )
 from exporter.web.metrics import Answer
-from tests.clock import FakeClock
+from tests.fixtures.clock import FakeClock
 from tests.fixtures.helpers import samples
 
 

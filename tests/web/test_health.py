@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.bulkheads import HELD_CONNECTIONS
-from exporter.probe import HealthProbe, HealthSnapshot, Status
-from exporter.settings import Settings
+from exporter.config.settings import Settings
+from exporter.health.probe import HealthProbe, HealthSnapshot, Status
+from exporter.pg.bulkheads import HELD_CONNECTIONS
 from exporter.web.health import (
     HEALTH_PATHS,
     HEALTH_PROBE,
@@ -25,7 +24,8 @@ from exporter.web.health import (
     health_context,
     health_handler,
 )
-from tests.clock import FakeClock
+from tests.fixtures.clock import FakeClock
+from tests.fixtures.polling import poll
 
 Client = TestClient[web.Request, web.Application]
 URL = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
@@ -112,15 +112,6 @@ async def test_a_probe_held_back_answers_not_probed_on_every_path(
         assert got.headers["Cache-Control"] == "no-store"
 
 
-async def _until(check: Callable[[], bool]) -> None:
-    """Poll ``check`` until it holds; fail after five seconds."""
-    async with asyncio.timeout(5.0):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.01)
-
-
 async def test_context_runs_the_probe_for_the_app_lifetime(aiohttp_client: AiohttpClient) -> None:
     """The cleanup context publishes probe results while serving and stops the probe after."""
     app = web.Application()
@@ -128,7 +119,7 @@ async def test_context_runs_the_probe_for_the_app_lifetime(aiohttp_client: Aioht
     app.cleanup_ctx.append(health_context(Settings(url=URL, connect_timeout=0.5), interval=0.05))
     client: Client = await aiohttp_client(app)
     probe = app[HEALTH_PROBE]
-    await _until(lambda: probe.snapshot.status is not Status.UNKNOWN)
+    await poll(lambda: probe.snapshot.status is not Status.UNKNOWN)
     got = await client.get("/up")
     assert (got.status, await got.text()) == (503, "down")
     await client.close()

@@ -15,13 +15,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.admission import Admission
-from exporter.definitions import Definitions
-from exporter.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
-from exporter.settings import Settings
+from exporter.collect.admission import Admission
+from exporter.config.definitions import Definitions
+from exporter.config.settings import Settings
+from exporter.expose.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from exporter.web.app import create_app
+from exporter.web.appstate import STATE
 from exporter.web.metrics import Answer, Throttle, expose
-from exporter.web.state import STATE
 
 Client = TestClient[web.Request, web.Application]
 NOWHERE = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"

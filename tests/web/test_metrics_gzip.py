@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.admission import Admission
-from exporter.exposition import Family, Format, encode, encode_chunks, make_family
+from exporter.collect.admission import Admission
+from exporter.expose.exposition import Family, Format, encode, encode_chunks, make_family
 from exporter.web import metrics
 from exporter.web.metrics import MAX_COMPRESSORS, Answer, PrefixGzip, compressor_for, write
 

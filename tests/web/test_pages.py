@@ -8,10 +8,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.definitions import Definitions
-from exporter.settings import Settings
+from exporter.config.definitions import Definitions
+from exporter.config.settings import Settings
 from exporter.web.app import create_app
-from exporter.web.state import STATE
+from exporter.web.appstate import STATE
 
 Client = TestClient[web.Request, web.Application]
 # Nothing listens there: the health probe fails at once and no test needs a database.

@@ -10,23 +10,24 @@ import os
 import ssl
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from exporter.collection import Exporter
-from exporter.connections import Logins
-from exporter.declared import Declared, load_targets
-from exporter.definitions import Definitions
-from exporter.fleet import Fleet
-from exporter.loading import load_for_settings
-from exporter.settings import Settings
+from exporter.collect.exporter import Exporter
+from exporter.config.definitions import Definitions
+from exporter.config.loading import load_for_settings
+from exporter.config.settings import Settings
+from exporter.config.targetsfile import Declared, load_targets
+from exporter.fleet.members import Fleet
+from exporter.pg.connections import Logins
 from exporter.web import reloading
-from exporter.web.config import load_web_config, ssl_context
 from exporter.web.reloading import Reloader, ReloadResult, fingerprint, settle_heap
+from exporter.web.webconfig import load_web_config, ssl_context
+from tests.fixtures.polling import poll
 
 NOWHERE = "postgresql://monitor@127.0.0.1:1/postgres?sslmode=disable"
 WAIT = 30.0  # seconds: a deadline on conditions that hold in milliseconds
@@ -334,15 +335,6 @@ async def test_a_renewed_certificate_is_loaded_without_touching_the_collectors(
 # --- a flood -------------------------------------------------------------------------------
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` (a thread's progress: no event to await) under a deadline."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            if condition():
-                return
-            await asyncio.sleep(0.005)
-
-
 async def test_a_flood_costs_at_most_two_reloads_and_misses_no_change(
     exporter: Exporter, config: Path, loads: CountedLoads
 ) -> None:
@@ -353,7 +345,7 @@ async def test_a_flood_costs_at_most_two_reloads_and_misses_no_change(
     loads.gate = threading.Event()
     await _write(config, collectors(2))
     first = asyncio.create_task(reloader.reload())
-    await _until(loads.entered.is_set)
+    await poll(loads.entered.is_set)
     await _write(config, collectors(5))  # changed while the first reload parses
     flood = [asyncio.create_task(reloader.reload()) for _ in range(50)]
     await asyncio.sleep(0)
@@ -378,7 +370,7 @@ async def test_a_requester_that_hangs_up_does_not_cancel_the_reload(
     loads.gate = threading.Event()
     await _write(config, collectors(4))
     gone = asyncio.create_task(reloader.reload())
-    await _until(loads.entered.is_set)
+    await poll(loads.entered.is_set)
     gone.cancel()
     staying = asyncio.create_task(reloader.reload())  # queued behind the running one
     loads.gate.set()
@@ -483,7 +475,7 @@ async def test_a_flood_forgets_refused_logins_once_a_reload_not_once_a_request(
     assert fleet.settings.config is not None
     await _write(Path(fleet.settings.config), collectors(2))
     first = asyncio.create_task(reloader.reload())
-    await _until(loads.entered.is_set)
+    await poll(loads.entered.is_set)
     flood = [asyncio.create_task(reloader.reload()) for _ in range(50)]
     await asyncio.sleep(0)
     loads.gate.set()

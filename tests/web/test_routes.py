@@ -9,8 +9,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp.plugin import AiohttpClient
 
-from exporter.definitions import Definitions
-from exporter.settings import Settings
+from exporter.config.definitions import Definitions
+from exporter.config.settings import Settings
 from exporter.web.app import create_app
 from exporter.web.routes import ROUTES, Route, telemetry_path_problems
 

@@ -1,0 +1,251 @@
+"""Planning: which collector branches run against one server, and why the others do not.
+
+Pure functions over :class:`Definitions` and the facts gathered from a server;
+the caller gathers the facts on every pass and plans again whenever any changed
+(:meth:`exporter.collect.server.Server.prepare`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from exporter.config.definitions import Collector, Definitions
+from exporter.pg.limits import TEMP_FILE_CAP_KB
+from exporter.pg.preflight import ServerFacts
+
+PRIMARY_TAGS = frozenset({"primary", "master", "leader"})
+REPLICA_TAGS = frozenset({"standby", "replica", "slave"})
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A branch that is not planned, with the reason in one sentence."""
+
+    collector: Collector
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The branches to run against one server, in run order, and the ones left out."""
+
+    facts: ServerFacts
+    planned: tuple[Collector, ...]  # in (priority, key) order
+    skipped: tuple[Skipped, ...]
+    # Planned branches whose SQL may change a session setting: under session limits, the
+    # limits are all sent again after each of them (issue 22).
+    unsettling: frozenset[str] = frozenset()
+
+
+def make_plan(definitions: Definitions, facts: ServerFacts, exporter_tags: Sequence[str]) -> Plan:
+    """Check every branch against the server facts and the exporter's ``--tag`` list."""
+    tags = frozenset(exporter_tags)
+    planned: list[Collector] = []
+    skipped: list[Skipped] = []
+    for collector in sorted(definitions.collectors, key=lambda c: (c.priority, c.key)):
+        reason = skip_reason(collector, facts, tags)
+        if reason is None:
+            planned.append(collector)
+        else:
+            skipped.append(Skipped(collector, reason))
+    unsettling = frozenset(c.key for c in planned if may_change_settings(c))
+    return Plan(facts, tuple(planned), tuple(skipped), unsettling)
+
+
+# Words of SQL that change a session setting, or run code that may (DO), or spell a name
+# in escapes a plain reading cannot see (U&"..."). Over-inclusive on purpose: a match in
+# a string or a comment costs one more statement of limits, a miss costs the limits.
+_SETTING_WORDS = re.compile(r"\b(?:set|reset|set_config|discard|do)\b|\bu&", re.IGNORECASE)
+
+
+def may_change_settings(collector: Collector) -> bool:
+    """Whether the branch's query or a predicate may change a session setting (SET, RESET,
+    set_config, DISCARD, a DO block): a reading of the text, which a function changing a
+    setting inside its body escapes (docs/database-safety.md, D1)."""
+    texts = (collector.query, *(p.sql for p in collector.predicates))
+    return any(_SETTING_WORDS.search(text) for text in texts)
+
+
+def skip_reason(collector: Collector, facts: ServerFacts, tags: frozenset[str]) -> str | None:
+    """Why the branch must not run on this server, or None when it should run."""
+    for check in (_check_skip, _check_kind, _check_version):
+        reason = check(collector, facts)
+        if reason is not None:
+            return reason
+    for tag in collector.tags:
+        reason = _check_tag(tag, facts, tags)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _check_skip(collector: Collector, facts: ServerFacts) -> str | None:
+    return "skip is set" if collector.skip else None
+
+
+def _check_kind(collector: Collector, facts: ServerFacts) -> str | None:
+    """pgBouncer branches (tagged ``pgbouncer``) run only on pgBouncer, the others never."""
+    tagged = "pgbouncer" in collector.tags
+    if facts.pgbouncer and not tagged:
+        return "not tagged pgbouncer (the target is pgBouncer)"
+    if tagged and not facts.pgbouncer:
+        return "tagged pgbouncer (the target is PostgreSQL)"
+    return None
+
+
+def _check_version(collector: Collector, facts: ServerFacts) -> str | None:
+    """min_version is inclusive, max_version exclusive, 0 leaves a side open."""
+    low, high, version = collector.min_version, collector.max_version, facts.version
+    if low and version < low:
+        return f"needs {facts.product} >= {low} (server is {version})"
+    if high and version >= high:
+        return f"needs {facts.product} < {high} (server is {version})"
+    return None
+
+
+def _check_tag(tag: str, facts: ServerFacts, exporter_tags: frozenset[str]) -> str | None:
+    """One planning tag; an unknown word must be among the exporter's own tags."""
+    if tag in _WORD_CHECKS:
+        return _WORD_CHECKS[tag](facts)
+    kind, colon, argument = tag.partition(":")
+    if colon and kind in _ARGUMENT_CHECKS:
+        return _ARGUMENT_CHECKS[kind](argument, facts, exporter_tags)
+    if tag in exporter_tags:
+        return None
+    return f"needs exporter tag {tag!r} (--tag / PG_EXPORTER_TAG)"
+
+
+def _needs_main(facts: ServerFacts) -> str | None:
+    return None if facts.is_main else "cluster-level, runs only on the main database"
+
+
+def _needs_primary(facts: ServerFacts) -> str | None:
+    return "needs a primary (server is in recovery)" if facts.in_recovery else None
+
+
+def _needs_replica(facts: ServerFacts) -> str | None:
+    return None if facts.in_recovery else "needs a replica (server is not in recovery)"
+
+
+def _decided_by_kind(facts: ServerFacts) -> str | None:
+    return None  # the pgbouncer tag is checked by _check_kind before any tag
+
+
+_WORD_CHECKS: dict[str, Callable[[ServerFacts], str | None]] = {
+    "pgbouncer": _decided_by_kind,
+    "cluster": _needs_main,
+    **dict.fromkeys(PRIMARY_TAGS, _needs_primary),
+    **dict.fromkeys(REPLICA_TAGS, _needs_replica),
+}
+
+
+def _needs_extension(name: str, facts: ServerFacts, _: frozenset[str]) -> str | None:
+    if name in facts.extensions:
+        return None
+    return f"needs extension {name} (not installed in {facts.datname})"
+
+
+def _needs_schema(name: str, facts: ServerFacts, _: frozenset[str]) -> str | None:
+    return None if name in facts.schemas else f"needs schema {name} (absent in {facts.datname})"
+
+
+def _needs_dbname(name: str, facts: ServerFacts, _: frozenset[str]) -> str | None:
+    return None if facts.datname == name else f"needs database {name} (this is {facts.datname})"
+
+
+def _needs_username(name: str, facts: ServerFacts, _: frozenset[str]) -> str | None:
+    if facts.username == name:
+        return None
+    return f"needs user {name} (connected as {facts.username})"
+
+
+def _needs_not(name: str, facts: ServerFacts, exporter_tags: frozenset[str]) -> str | None:
+    return f"excluded by exporter tag {name!r}" if name in exporter_tags else None
+
+
+_ARGUMENT_CHECKS: dict[str, Callable[[str, ServerFacts, frozenset[str]], str | None]] = {
+    "extension": _needs_extension,
+    "schema": _needs_schema,
+    "dbname": _needs_dbname,
+    "username": _needs_username,
+    "not": _needs_not,
+}
+
+
+def explain_text(plan: Plan) -> str:
+    """Readable text for ``/explain`` and ``--explain``: the plan and every skip reason."""
+    lines = [_header(plan.facts), ""]
+    lines.append(f"planned ({len(plan.planned)}, in run order):")
+    for collector in plan.planned:
+        lines.extend(_describe(collector))
+    lines.extend(_shared_names(plan.planned))
+    lines.append("")
+    lines.append(f"skipped ({len(plan.skipped)}):")
+    for skipped in plan.skipped:
+        collector = skipped.collector
+        lines.append(f"  {collector.key} (name {collector.name}): {skipped.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def _header(facts: ServerFacts) -> str:
+    recovery = "in recovery" if facts.in_recovery else "not in recovery"
+    scope = "main database" if facts.is_main else "discovered database"
+    return (
+        f"server: datname={facts.datname} {facts.product} version={facts.version} "
+        f"{recovery}, {scope}, user={facts.username}\n{_limits_line(facts)}"
+    )
+
+
+def _limits_line(facts: ServerFacts) -> str:
+    """How the collectors' limits are put in force on this server (D1, issue 22), and what
+    every statement of ours runs under (issues 29, 31)."""
+    if facts.pgbouncer:
+        return "limits: none sent (pgBouncer's console has no settings, D4)"
+    if facts.own_transaction:
+        how = f"limits: a read-only transaction per collector, because {facts.own_transaction}"
+    else:
+        how = "limits: session settings, sent when the next collector's differ (direct connection)"
+    return f"{how}\n{facts.search_path.describe()}\n{guards_line(facts)}"
+
+
+def guards_line(facts: ServerFacts) -> str:
+    """The resource bounds of our statements, and how to get the one we may not set."""
+    guards = facts.guards
+    text = f"resources: jit off, no parallel workers, work_mem {guards.work_mem_kb}kB, "
+    if guards.temp_file_limit_kb is not None:
+        return text + f"temp_file_limit {guards.temp_file_limit_kb}kB"
+    return text + (
+        "temp_file_limit the server's (only a superuser may set it; to bound it: "
+        f"ALTER ROLE {facts.username} SET temp_file_limit = '{TEMP_FILE_CAP_KB}kB', "
+        f"or from PostgreSQL 15 GRANT SET ON PARAMETER temp_file_limit TO {facts.username})"
+    )
+
+
+def _describe(collector: Collector) -> list[str]:
+    """One planned branch: its settings on one line, then its SQL indented."""
+    timeout = "unbounded" if collector.timeout is None else f"{collector.timeout:g}s"
+    tags = ", ".join(collector.tags) or "-"
+    head = (
+        f"  {collector.key} (name {collector.name}): priority {collector.priority}, "
+        f"ttl {collector.ttl:g}s, timeout {timeout}, fatal {str(collector.fatal).lower()}, "
+        f"tags [{tags}]"
+    )
+    sql = [f"      {line}".rstrip() for line in collector.query.strip().splitlines()]
+    if may_change_settings(collector):
+        head += "; its SQL may change a setting: all limits are sent again after it"
+    return [head, *sql]
+
+
+def _shared_names(planned: Sequence[Collector]) -> list[str]:
+    """A note for each metric prefix that several planned branches produce."""
+    keys_by_name: defaultdict[str, list[str]] = defaultdict(list)
+    for collector in planned:
+        keys_by_name[collector.name].append(collector.key)
+    return [
+        f"  note: branches {', '.join(keys)} all produce metrics named {name}_*"
+        for name, keys in keys_by_name.items()
+        if len(keys) > 1
+    ]

@@ -1,0 +1,11 @@
+"""What the exporter tells about itself: ``/explain``, ``/stat``, its own metrics and
+the process's. Reads what the passes left; runs nothing on the database but
+``--explain``'s preflight.
+
+- ``explain``: what would run, and why not the rest.
+- ``stat``: per-collector statistics.
+- ``selfmetrics``: the exporter's own metric families.
+- ``process``: the process, interpreter and GC families, from ``/proc``.
+
+May import: :mod:`exporter.collect` and every layer below it.
+"""
