@@ -1,9 +1,10 @@
 """What the per-collector transaction and limits (D1) cost, in microseconds.
 
 Runs the same trivial collector query on one throw-away PostgreSQL 18 connection
-two ways, many times: bare (autocommit), and the way the exporter runs every
-collector (``BEGIN READ ONLY`` + ``SET LOCAL`` limits in one round trip, the
-query, ``COMMIT``). Prints the median per execution and the difference.
+two ways, many times: bare (autocommit), and the way the exporter runs a collector
+where the limits cannot be session settings (PostgreSQL 13, or a pooler between):
+``BEGIN READ ONLY`` + ``SET LOCAL`` limits in one round trip, the query, ``COMMIT``.
+Prints the median per execution and the difference.
 
     .venv/bin/python -m bench.txn_overhead [--runs 3000]
 """

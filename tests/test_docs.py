@@ -297,3 +297,43 @@ def test_clause_ranges_end_at_the_last_clause() -> None:
     for prefix in ("B", "D", "§"):
         last = max(int(c[len(prefix) :]) for c in defined if c.startswith(prefix))
         assert f"{prefix}1…{prefix}{last} " in text, f"{prefix}1…{prefix}{last} is not stated"
+
+
+# How a collector's limits are put in force, by the names the pages and /explain use:
+# session settings on a connection proven direct to PostgreSQL 14+, a transaction of
+# the collector's own otherwise (D1, issue 22).
+COLLECTOR_MODES = {
+    "session settings": re.compile(r"session settings", re.IGNORECASE),
+    "own transaction": re.compile(
+        r"(read-only )?transaction (of its own|per collector)", re.IGNORECASE
+    ),
+}
+# What the pages said before issue 22 made the transaction the exception.
+STALE_CLAIM = re.compile(
+    r"every collector runs (in|inside) (a|its own) `?read[ -]only`? transaction", re.IGNORECASE
+)
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", "docs/operations.md", "docs/switching.md", "docs/database-safety.md"]
+)
+def test_pages_say_how_collectors_run_as_the_code_does(page: str) -> None:
+    """Each page that says how collectors run names both modes, as /explain's limits
+    line does, and none says every collector has a transaction of its own."""
+    from exporter.collect.planning import Plan, explain_text
+    from exporter.pg.preflight import ServerFacts
+
+    direct = ServerFacts(version=180000, in_recovery=False, datname="postgres", username="u")
+    pooled = ServerFacts(
+        version=180000, in_recovery=False, datname="postgres", username="u",
+        own_transaction="a pooler is between",
+    )  # fmt: skip
+    explained = {
+        "session settings": explain_text(Plan(direct, (), ())),
+        "own transaction": explain_text(Plan(pooled, (), ())),
+    }
+    text = " ".join((ROOT / page).read_text().split())
+    for mode, pattern in COLLECTOR_MODES.items():
+        assert pattern.search(explained[mode]), f"/explain no longer names {mode!r}"
+        assert pattern.search(text), f"{page} does not name the {mode!r} mode"
+    assert not STALE_CLAIM.search(text), f"{page} says every collector has a transaction"
