@@ -201,7 +201,7 @@ def test_switching_lists_exactly_our_own_flags() -> None:
 
 def test_switching_names_only_real_routes() -> None:
     """Every HTTP path the page names is served, and the health paths are fifteen."""
-    from exporter.web.health import HEALTH_PATHS
+    from exporter.web.healthpages import HEALTH_PATHS
     from exporter.web.routes import ROUTES
 
     served = {route.path for route in ROUTES} | {"/", "/metrics"}

@@ -1,7 +1,7 @@
 """The health probe: what the target is, asked on a connection of its own.
 
 It asks within the connect timeout and publishes an immutable snapshot that the
-routing handlers (:mod:`exporter.web.health`) only read; a hung server costs the
+routing handlers (:mod:`exporter.web.healthpages`) only read; a hung server costs the
 probe its deadline, never a handler. It asks once a second while the target is
 steady and every 100 ms while it may be changing role (:mod:`exporter.health.pace`);
 between probes it watches its idle connection, which the server only writes to

@@ -4,7 +4,7 @@
 - ``routes``: the route table and the landing page.
 - ``metrics``: the telemetry path.
 - ``pages``: /version, /explain, /stat and /reload.
-- ``health``: the routing endpoints, answered from the probe's snapshot.
+- ``healthpages``: the health and routing endpoints, answered from the probe's snapshot.
 - ``auth`` and ``webconfig``: the exporter-toolkit web config (TLS, basic auth).
 - ``reloading``: reading the collector config again, safely under a flood.
 - ``appstate``: where a single target's handlers find its state.

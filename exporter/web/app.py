@@ -24,7 +24,7 @@ from exporter.web.appstate import STATE
 from exporter.web.auth import install
 from exporter.web.fleetpages import FLEET_PAGES, FleetPages
 from exporter.web.fleetrequests import FLEET
-from exporter.web.health import HEALTH_PROBE, health_context
+from exporter.web.healthpages import HEALTH_PROBE, health_context
 from exporter.web.metrics import Throttle
 from exporter.web.reloading import RELOADER, Reloader, settle_heap
 from exporter.web.routes import add_routes

@@ -21,7 +21,7 @@ from exporter.web.fleetpages import (
     targets_handler,
 )
 from exporter.web.fleetrequests import FLEET_PAGE, SERVICE_DISCOVERY_PATH
-from exporter.web.health import (
+from exporter.web.healthpages import (
     ALIVE_PATH,
     PRIMARY_PATHS,
     REPLICA_PATHS,
@@ -29,7 +29,7 @@ from exporter.web.health import (
     alive_handler,
     health_handler,
 )
-from exporter.web.health import ROUTES as HEALTH_ROUTES
+from exporter.web.healthpages import ROUTES as HEALTH_ROUTES
 from exporter.web.metrics import metrics_handler
 from exporter.web.pages import explain_handler, reload_handler, stat_handler, version_handler
 

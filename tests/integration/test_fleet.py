@@ -33,7 +33,7 @@ import pytest
 
 from exporter.collect.budget import CANCEL_GRACE
 from exporter.config.settings import Settings
-from exporter.web.health import HEALTH_PATHS, PRIMARY_PATHS, REPLICA_PATHS, UP_PATHS
+from exporter.web.healthpages import HEALTH_PATHS, PRIMARY_PATHS, REPLICA_PATHS, UP_PATHS
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
 from tests.fixtures.fleetrig import (

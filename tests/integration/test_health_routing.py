@@ -22,7 +22,7 @@ from pytest_aiohttp.plugin import AiohttpClient
 from exporter.config.settings import Settings
 from exporter.health.probe import HealthProbe, Status
 from exporter.web.appstate import STATE
-from exporter.web.health import (
+from exporter.web.healthpages import (
     HEALTH_PROBE,
     PRIMARY_PATHS,
     REPLICA_PATHS,

@@ -27,7 +27,7 @@ from exporter.config.definitions import Definitions
 from exporter.config.settings import Settings
 from exporter.web.app import MALFORMED, MALFORMED_LOG_PERIOD
 from exporter.web.appstate import STATE
-from exporter.web.health import HEALTH_PATHS
+from exporter.web.healthpages import HEALTH_PATHS
 from exporter.web.metrics import WRITE_STALL_SECONDS, Throttle
 from exporter.web.webconfig import WebConfig
 from rigs.localpg import LocalCluster, free_port, pg18_bindir

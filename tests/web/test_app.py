@@ -27,7 +27,7 @@ from exporter.web.app import (
 )
 from exporter.web.appstate import STATE
 from exporter.web.fleetrequests import FLEET
-from exporter.web.health import HEALTH_PROBE
+from exporter.web.healthpages import HEALTH_PROBE
 from exporter.web.reloading import RELOADER
 from exporter.web.webconfig import WebConfig
 

@@ -12,7 +12,7 @@ from pytest_aiohttp.plugin import AiohttpClient
 from exporter.config.settings import Settings
 from exporter.health.probe import HealthProbe, HealthSnapshot, Status
 from exporter.pg.bulkheads import HELD_CONNECTIONS
-from exporter.web.health import (
+from exporter.web.healthpages import (
     HEALTH_PATHS,
     HEALTH_PROBE,
     PRIMARY_PATHS,
