@@ -20,7 +20,13 @@ _KINDS = {
     stat.S_IFBLK: "a block device",
     stat.S_IFSOCK: "a socket",
     stat.S_IFDIR: "a directory",
+    stat.S_IFREG: "a regular file",
 }
+
+
+def kind_of_mode(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in a few words ("a FIFO", "a directory")."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 class FileRefused(OSError):
@@ -50,7 +56,7 @@ def read_regular(path: str, limit: int) -> str:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            kind = kind_of_mode(mode)
             raise FileRefused(f"it is {kind}, not a regular file; give the path of a file")
         data = _read_at_most(fd, limit + 1)
     except FileRefused:
@@ -76,7 +82,7 @@ def entry_kind(path: str) -> str | None:
         return _stat_failure(path, exc)
     if stat.S_ISREG(mode):
         return None
-    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    kind = kind_of_mode(mode)
     link = "a symbolic link to " if os.path.islink(path) else ""
     return f"it is {link}{kind}, not a regular file"
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from exporter.config.files import kind_of_mode
+
 log = logging.getLogger(__name__)
 
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
@@ -65,14 +67,6 @@ _APPEND = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _HANDED = re.compile(r"/proc/self/fd/(?:absent-[a-z]+|\d+)")
 _CRL_NAME = re.compile(r"[0-9a-f]{8}\.r[0-9]+")  # what OpenSSL opens in a hashed directory
 _BY_DESCRIPTOR = os.path.isdir("/proc/self/fd") and hasattr(os, "memfd_create")
-_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a directory",
-    stat.S_IFREG: "a regular file",
-}
 
 
 class Kind(enum.Enum):
@@ -357,7 +351,7 @@ def _appended(wanted: Wanted, *, create: bool) -> Handed:
 
 
 def _refused(wanted: Wanted, mode: int, entry: str = "") -> LibpqFileRefused:
-    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    kind = kind_of_mode(mode)
     expected = "a directory" if wanted.kind is Kind.DIRECTORY and not entry else "a regular file"
     what = f"its entry {entry!r}" if entry else "it"
     why = ": libpq would wait on it, and the exporter with it" if stat.S_ISFIFO(mode) else ""
