@@ -4,9 +4,9 @@ each database, the breaker, the caps, and the passes that walk the databases.
 - ``budget``: how long one request may spend, and when to stop (B7–B10).
 - ``admission``: at most two telemetry requests rendered at once.
 - ``gate``: a fleet's ceiling on targets collected at once.
-- ``cache``: a collector's cached result and statistics.
+- ``cache``: a collector's cached result and how its run ended.
 - ``backoff``: per-collector back-off with bounded jitter.
-- ``runtime``: one collector on one database, with its rules.
+- ``runtime``: one collector on one database: its state, statistics and rules.
 - ``breaker``: shedding the least important collectors in distress.
 - ``seriescap``: the ceiling on series.
 - ``planning``: which branches run on one server, and why the others do not.
