@@ -36,6 +36,7 @@ from pathlib import Path
 from bench.measure import memory
 from bench.memory import server
 from bench.memory_probe import Probe, ProbeError, Report
+from tests.reliability.soak import least_squares_slope
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,19 +104,6 @@ class SoakResult:
         """RSS in MiB of the first sample at or after ``minute``."""
         found = next((s for s in self.samples if s.minute >= minute), self.samples[-1])
         return found.rss_kib / 1024
-
-
-def least_squares_slope(points: Sequence[tuple[float, float]]) -> float:
-    """The slope of the least-squares line through ``points`` (0 with fewer than 2)."""
-    if len(points) < 2:
-        return 0.0
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    var = sum((x - mean_x) ** 2 for x, _ in points)
-    if var == 0:
-        return 0.0
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / var
 
 
 def soak(options: SoakOptions, url: str, workdir: Path) -> SoakResult:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from pathlib import Path
 from exporter.collect.budget import SCRAPE_TIMEOUT_HEADER
 from rigs.localpg import VERBOSE_LOG_SETTINGS, LocalCluster, free_port, pg18_bindir
 from tests.fixtures.helpers import statement_calls, value
+from tests.fixtures.polling import poll_async
 from tests.fixtures.rawhttp import RawClient, get
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,16 +51,6 @@ def _sleeper(key: str, marker: str, seconds: float, timeout: float, ttl: float) 
     )
 
 
-async def _until(check: Callable[[], bool], limit: float = 30.0) -> float:
-    """Seconds until ``check`` holds (polled off the event loop)."""
-    start = time.monotonic()
-    while not await asyncio.to_thread(check):
-        if time.monotonic() - start > limit:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
-
-
 def _active(cluster: LocalCluster, marker: str) -> bool:
     out = cluster.psql(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_exporter' "
@@ -81,7 +72,7 @@ async def exporter(cluster: LocalCluster, config: str) -> AsyncIterator[int]:
         cwd=REPO, env={**os.environ},
     )  # fmt: skip
     try:
-        await _until(lambda: _listening(port))
+        await poll_async(lambda: _listening(port), "the exporter to listen", 30.0, 0.01)
         yield port
     finally:
         process.terminate()
@@ -101,7 +92,7 @@ async def shared_pass(cluster: LocalCluster) -> list[Row]:
     async with exporter(cluster, _sleeper("slow", m, 0.8, 5, 60)) as port:
         start = time.monotonic()
         first = await RawClient.send(port)
-        await _until(lambda: _active(cluster, m))
+        await poll_async(lambda: _active(cluster, m), "the query to be active", 30.0, 0.01)
         second = await RawClient.send(port)
         await asyncio.sleep(0.05)  # let the second request reach its wait (not an assertion)
         t3 = time.monotonic()
@@ -146,11 +137,11 @@ async def unbounded_hang_up(cluster: LocalCluster) -> list[Row]:
     ttl = 5.0
     async with exporter(cluster, _sleeper("forever", m, 3, -1, ttl)) as port:
         leaver = await RawClient.send(port)
-        await _until(lambda: _active(cluster, m))
+        await poll_async(lambda: _active(cluster, m), "the query to be active", 30.0, 0.01)
         await asyncio.sleep(1.5)  # the scenario: the client leaves 1.5 s into the query
         left = time.monotonic()
         leaver.hang_up()
-        gone = await _until(lambda: not _active(cluster, m))
+        gone = await poll_async(lambda: not _active(cluster, m), "the query to end", 30.0, 0.01)
         cancelled = "57014" in cluster.log_text()
         within = await get(port)
         runs_within = statement_calls(cluster, m)
