@@ -16,6 +16,10 @@ PostgreSQL 18 holding ``bench.library``'s workload (or the server of ``--dsn``, 
 big database), one fresh process per flavour (default TTLs, ``--disable-cache``):
 ``VmRSS`` and ``VmHWM`` after the scrapes, resident memory split into anonymous (the
 Python heap, C allocations) and file-backed (libraries), and the series served.
+``--env NAME=VALUE`` (repeatable) gives the exporter more environment, e.g.
+``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072`` or ``PSYCOPG_IMPL=python`` (as the
+distribution packages run it); ``--trim`` has glibc give its free heap back
+(``malloc_trim(0)``) after every answer, an experiment the exporter does not make.
 ``--tree DIR`` runs the exporter of another checkout (``git worktree add DIR COMMIT``)
 with this venv, for a before/after in one session. ``--trace N`` starts it under
 tracemalloc (N frames; it slows the exporter and adds its own memory, so RSS is not
@@ -38,6 +42,7 @@ from pathlib import Path
 
 from bench.cluster import REPO
 from bench.library import ROLE, SERVER_SETTINGS, populate
+from bench.measure import process_cpu_seconds
 from bench.memory_probe import Probe, attribute, by_module, resident
 from rigs.localpg import LocalCluster, pg18_bindir
 
@@ -129,6 +134,7 @@ class Run:
     hwm_mib: float
     anonymous_mib: float
     file_mib: float
+    cpu_ms: float = 0.0  # exporter CPU per measured scrape
     traced: dict[str, float] = field(default_factory=dict)  # KiB by line, with --trace
     modules: dict[str, float] = field(default_factory=dict)  # KiB by module, with --trace
 
@@ -143,6 +149,8 @@ class RunOptions:
     tree: Path
     trace: int
     top: int
+    env: dict[str, str] = field(default_factory=dict)  # more environment of the exporter
+    trim: bool = False  # malloc_trim(0) after every answer (bench.memory_probe)
 
 
 def run(options: RunOptions, workdir: Path) -> list[Run]:
@@ -165,13 +173,17 @@ def server(dsn: str | None) -> Iterator[str]:
 def _one(options: RunOptions, url: str, flavour: str, workdir: Path) -> Run:
     extra = ("--disable-cache", "--server-time-budget", "0") if flavour == "uncached" else ()
     log = workdir / f"{flavour}.log"
-    with Probe.start(url, extra, log, tree=options.tree, trace=options.trace) as probe:
+    with Probe.start(url, extra, log, tree=options.tree, trace=options.trace,
+                     env=options.env, trim=options.trim) as probe:  # fmt: skip
         probe.wait_ready()
         series = 0
+        cpu = process_cpu_seconds(probe.pid)
         for _ in range(options.scrapes):
             series = probe.scrape(0)  # as Prometheus asks with OpenMetrics off: text, gzip
+        cpu = process_cpu_seconds(probe.pid) - cpu
         memory = resident(probe.pid)
-        result = Run(flavour, options.scrapes, series, *memory)
+        result = Run(flavour, options.scrapes, series, *memory,
+                     cpu_ms=round(cpu * 1000 / options.scrapes, 1))  # fmt: skip
         if options.trace:
             report = probe.report()
             assert report.snapshot is not None
@@ -184,12 +196,13 @@ def _one(options: RunOptions, url: str, flavour: str, workdir: Path) -> Run:
 def render_runs(runs: list[Run], top: int) -> str:
     """A table of the runs, then the traced attribution of each run that has one."""
     lines = [
-        "| flavour | scrapes | series | RSS MiB | HWM MiB | anonymous MiB | file-backed MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| flavour | scrapes | series | RSS MiB | HWM MiB | anonymous MiB | file-backed MiB"
+        " | CPU ms/scrape |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
         f"| {r.flavour} | {r.scrapes} | {r.series} | {r.rss_mib:.2f} | {r.hwm_mib:.2f} "
-        f"| {r.anonymous_mib:.2f} | {r.file_mib:.2f} |"
+        f"| {r.anonymous_mib:.2f} | {r.file_mib:.2f} | {r.cpu_ms:.1f} |"
         for r in runs
     ]
     for r in runs:
@@ -217,6 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_cmd.add_argument("--tree", type=Path, default=REPO, help="another checkout to run")
     run_cmd.add_argument("--trace", type=int, default=0, metavar="FRAMES")
     run_cmd.add_argument("--top", type=int, default=25)
+    run_cmd.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="more environment of the exporter, e.g. GLIBC_TUNABLES=...",
+    )
+    run_cmd.add_argument(
+        "--trim",
+        action="store_true",
+        help="glibc's malloc_trim(0) after every answer (an experiment)",
+    )
     for command in (floor_cmd, run_cmd):
         command.add_argument("--json", type=Path, metavar="PATH")
     args = parser.parse_args(argv)
@@ -228,8 +253,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     flavours = tuple(f for f in args.flavours.split(",") if f)
     if not flavours or any(f not in FLAVOURS for f in flavours):
         parser.error(f"--flavours: choose among {', '.join(FLAVOURS)}")
+    env: dict[str, str] = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--env {item!r}: give NAME=VALUE")
+        env[name] = value
     options = RunOptions(max(1, args.scrapes), flavours, args.dsn, args.tree.resolve(),
-                         max(0, args.trace), max(1, args.top))  # fmt: skip
+                         max(0, args.trace), max(1, args.top), env, args.trim)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pgx-bench-memory-") as workdir:
         runs = run(options, Path(workdir))
     print(render_runs(runs, options.top))

@@ -21,7 +21,7 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +95,15 @@ def _report(signum, frame):
 signal.signal(signal.SIGUSR2, _report)
 if os.environ.get("PROBE_FREEZE") == "1":
     gc.freeze()
+if os.environ.get("PROBE_TRIM") == "1":  # what giving glibc's free heap back would buy
+    import exporter.web.metrics as _metrics
+    _libc, _write = ctypes.CDLL(None), _metrics.write
+    async def _trimming_write(*args, **kwargs):
+        try:
+            return await _write(*args, **kwargs)
+        finally:
+            _libc.malloc_trim(0)
+    _metrics.write = _trimming_write
 from exporter.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -135,16 +144,21 @@ class Probe:
     @classmethod
     @contextmanager
     def start(cls, url: str, extra: Sequence[str], log: Path, *, tree: Path = REPO,
-              trace: int = 0, snapshots: bool = True) -> Iterator[Probe]:  # fmt: skip
+              trace: int = 0, snapshots: bool = True, env: Mapping[str, str] | None = None,
+              trim: bool = False) -> Iterator[Probe]:  # fmt: skip
         """The exporter of ``tree`` on ``url`` with ``extra`` flags, stopped on exit;
-        ``trace``: tracemalloc's frames (0: off), ``snapshots``: a report dumps one."""
+        ``trace``: tracemalloc's frames (0: off), ``snapshots``: a report dumps one;
+        ``env``: more environment (e.g. ``GLIBC_TUNABLES``); ``trim``: glibc's
+        ``malloc_trim(0)`` after every answer to /metrics (an experiment: the exporter
+        itself never trims)."""
         port = free_port()
         argv = [sys.executable, "-c", _WRAPPER, "--url", url, "--config", str(tree / "collectors"),
                 "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn",
                 "--web.enable-openmetrics", *extra]  # fmt: skip
         report = log.with_suffix(".report")
         env = {**os.environ, "PROBE_TRACE_FRAMES": str(trace), "PROBE_REPORT": str(report),
-               "PROBE_SNAPSHOTS": "1" if snapshots else "0"}  # fmt: skip
+               "PROBE_SNAPSHOTS": "1" if snapshots else "0", "PROBE_TRIM": "1" if trim else "0",
+               **(env or {})}  # fmt: skip
         with log.open("wb") as sink:
             process = subprocess.Popen(argv, cwd=tree, env=env, stdout=sink, stderr=sink)
         try:
