@@ -6,6 +6,7 @@ the process's. Reads what the passes left; runs nothing on the database but
 - ``stat``: per-collector statistics.
 - ``selfmetrics``: the exporter's own metric families.
 - ``process``: the process, interpreter and GC families, from ``/proc``.
+- ``heap``: glibc's free heap given back to the system after an answer.
 
 May import: :mod:`exporter.collect` and every layer below it.
 """

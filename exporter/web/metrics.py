@@ -32,6 +32,7 @@ from exporter.expose.exposition import (
     negotiate,
 )
 from exporter.fleet.state import State
+from exporter.report.heap import TRIMMER
 from exporter.report.process import runtime_families
 from exporter.web.appstate import STATE
 
@@ -313,7 +314,9 @@ async def write(
             _log_cut_off(request, len(body))
             if request.transport is not None:
                 request.transport.abort()
-        return response
+    # Once this request's frames are gone and its buffers free, glibc may give them back.
+    asyncio.get_running_loop().call_soon(TRIMMER.after_answer)
+    return response
 
 
 def _cap_send_buffer(request: web.Request, size: int) -> None:
