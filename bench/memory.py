@@ -19,7 +19,8 @@ Python heap, C allocations) and file-backed (libraries), and the series served.
 ``--env NAME=VALUE`` (repeatable) gives the exporter more environment, e.g.
 ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072`` or ``PSYCOPG_IMPL=python`` (as the
 distribution packages run it); ``--trim`` has glibc give its free heap back
-(``malloc_trim(0)``) after every answer, an experiment the exporter does not make.
+(``malloc_trim(0)``) after every answer, always (the exporter of a tree that has
+``exporter/report/heap.py`` trims by itself, when 1 MiB is free, every 0.1 s at most).
 ``--tree DIR`` runs the exporter of another checkout (``git worktree add DIR COMMIT``)
 with this venv, for a before/after in one session. ``--trace N`` starts it under
 tracemalloc (N frames; it slows the exporter and adds its own memory, so RSS is not
@@ -240,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_cmd.add_argument(
         "--trim",
         action="store_true",
-        help="glibc's malloc_trim(0) after every answer (an experiment)",
+        help="glibc's malloc_trim(0) after every answer, always",
     )
     for command in (floor_cmd, run_cmd):
         command.add_argument("--json", type=Path, metavar="PATH")

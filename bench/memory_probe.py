@@ -149,8 +149,8 @@ class Probe:
         """The exporter of ``tree`` on ``url`` with ``extra`` flags, stopped on exit;
         ``trace``: tracemalloc's frames (0: off), ``snapshots``: a report dumps one;
         ``env``: more environment (e.g. ``GLIBC_TUNABLES``); ``trim``: glibc's
-        ``malloc_trim(0)`` after every answer to /metrics (an experiment: the exporter
-        itself never trims)."""
+        ``malloc_trim(0)`` after every answer to /metrics, always (the exporter's own
+        trim, where it has one, waits for 1 MiB free)."""
         port = free_port()
         argv = [sys.executable, "-c", _WRAPPER, "--url", url, "--config", str(tree / "collectors"),
                 "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn",
