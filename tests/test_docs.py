@@ -337,3 +337,11 @@ def test_pages_say_how_collectors_run_as_the_code_does(page: str) -> None:
         assert pattern.search(explained[mode]), f"/explain no longer names {mode!r}"
         assert pattern.search(text), f"{page} does not name the {mode!r} mode"
     assert not STALE_CLAIM.search(text), f"{page} says every collector has a transaction"
+
+
+def test_the_guards_table_in_the_docs_is_the_codes() -> None:
+    """Issue 36: docs/database-safety.md shows the guards exactly as guards.GUARDS has them."""
+    from exporter.pg.guards import markdown_table
+
+    text = (Path(__file__).parent.parent / "docs" / "database-safety.md").read_text()
+    assert markdown_table() in text

@@ -6,7 +6,6 @@ import pytest
 
 from exporter.pg.limits import (
     MAX_LIMIT_MS,
-    SERVER_DEFAULT,
     TEMP_FILE_CAP_KB,
     WORK_MEM_CAP_KB,
     Guards,
@@ -39,7 +38,7 @@ def test_every_statement_runs_without_jit_or_parallel_workers_and_bounded_memory
     assert limits.value("jit") == "off"
     assert limits.value("max_parallel_workers_per_gather") == "0"
     assert limits.value("work_mem") == f"{WORK_MEM_CAP_KB}kB"
-    assert "temp_file_limit" not in dict(limits.settings)
+    assert "temp_file_limit" not in dict(limits.guards)
     assert (limits.value("DateStyle"), limits.value("extra_float_digits")) == ("ISO, MDY", "2")
     big = Guards.of(180000, '"pg_catalog"', "1GB", "-1", may_set=True)
     assert big.work_mem_kb == WORK_MEM_CAP_KB
@@ -59,44 +58,47 @@ def test_memory_settings_read_as_current_setting_prints_them(text: str, kb: int)
     assert kilobytes(text) == kb
 
 
-def test_an_unbounded_collector_leaves_the_statement_limit_to_the_server() -> None:
-    """D1: without a timeout the statement limit is the server's own; a huge one is capped
-    at what PostgreSQL accepts."""
+def test_an_unbounded_collector_has_no_statement_limit_on_the_server() -> None:
+    """D1, B12: without a timeout the statement has no server limit (its request's end
+    cancels it), not the login's; a huge one is capped at what PostgreSQL accepts."""
     unbounded = dict(Limits.of(None, PG18).settings)
-    assert unbounded["statement_timeout"] is SERVER_DEFAULT
-    assert unbounded["transaction_timeout"] is SERVER_DEFAULT
+    assert unbounded["statement_timeout"] == "0"
+    assert unbounded["transaction_timeout"] == "0"
     assert Limits.of(10.0**9, PG15).value("statement_timeout") == str(MAX_LIMIT_MS)
 
 
-def test_a_transaction_of_its_own_sets_only_what_it_limits() -> None:
-    """D1: BEGIN READ ONLY, then every limit the collector sets local to it, in one
-    statement of pg_catalog.set_config calls."""
+def test_a_transaction_of_its_own_carries_every_guard_and_limit() -> None:
+    """D1, issue 36: a read-only, read committed, not deferrable transaction whatever the
+    owner's defaults, then every guard and the collector's limits local to it, each once,
+    in one statement of pg_catalog.set_config calls."""
     sql = limits_sql(Limits.of(None, PG15))
-    assert sql.startswith("BEGIN READ ONLY; SELECT pg_catalog.set_config(")
-    assert "statement_timeout" not in sql
+    assert sql.startswith(
+        "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; "
+        "SELECT pg_catalog.set_config("
+    )
     assert "pg_catalog.set_config('lock_timeout', E'1000', true)" in sql
     assert "pg_catalog.set_config('jit', E'off', true)" in sql
+    assert "pg_catalog.set_config('hash_mem_multiplier', E'1', true)" in sql
+    assert sql.count("'statement_timeout'") == 1
+    assert sql.count("'search_path'") == 1
+    assert ", false)" not in sql
 
 
 def test_session_settings_are_sent_whole_once_then_only_where_they_differ() -> None:
-    """Issue 22: a new session gets the read-only default and every limit; the next
-    collector only what differs, and nothing when nothing does."""
+    """Issue 22: a new session gets the collector's limits (the guards came with the
+    login, issue 36); the next collector only what differs, nothing when nothing does."""
     short, long = Limits.of(1.0, PG18), Limits.of(4.0, PG18)
     first = session_sql(short, None)
-    assert first.startswith(
-        "SELECT pg_catalog.set_config('default_transaction_read_only', E'on', false)"
-    )
-    assert first.count("set_config(") == 1 + len(short.settings)
+    assert first.startswith("SELECT pg_catalog.set_config('search_path', ")
+    assert "default_transaction_read_only" not in first
+    assert first.count("set_config(") == len(short.settings)
     assert session_sql(short, short) == ""
     changed = session_sql(long, short)
     assert "default_transaction_read_only" not in changed
     assert "search_path" not in changed
     assert "pg_catalog.set_config('statement_timeout', E'4000', false)" in changed
     unbounded = session_sql(Limits.of(None, PG18), short)
-    assert (
-        "(SELECT reset_val FROM pg_catalog.pg_settings "
-        "WHERE name OPERATOR(pg_catalog.=) 'statement_timeout')"
-    ) in unbounded
+    assert "pg_catalog.set_config('statement_timeout', E'0', false)" in unbounded
 
 
 def test_the_search_path_goes_as_a_literal_whatever_the_schema_names_hold() -> None:

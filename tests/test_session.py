@@ -193,7 +193,7 @@ async def test_a_run_without_a_connection_is_an_error_entry_not_an_exception() -
     async def disconnect() -> None:
         raise AssertionError("nothing to disconnect")
 
-    place = Place(None, None, "db", unsettling=False, disconnect=disconnect)
+    place = Place(None, None, "db", fenced=False, disconnect=disconnect)
     entry = await _session(clock).run(place, runtime, Budget.starting_now(5.0, clock=clock))
     assert (entry.outcome, entry.families, entry.series) == (Outcome.ERROR, (), 0)
     assert entry.error == "collector pg_c on db: no connection to db"

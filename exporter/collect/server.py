@@ -30,19 +30,15 @@ from exporter.config.settings import DEFAULT_BACKOFF_CEILING
 from exporter.config.target import database_of
 from exporter.errors import FatalCollectorFailed
 from exporter.expose.exposition import Family
+from exporter.pg import guards as table
 from exporter.pg import postgres
 from exporter.pg.connections import ConnectionLimit
 from exporter.pg.loginrate import Random
-from exporter.pg.preflight import (
-    PATH_RECHECK,
-    Preflight,
-    ServerFacts,
-    pgbouncer_preflight,
-    preflight,
-)
-from exporter.pg.searchpath import SearchPath
+from exporter.pg.preflight import Preflight, ServerFacts, pgbouncer_preflight, preflight
 
 log = logging.getLogger(__name__)
+
+PLAN_MEMORY_PERIOD = 60.0  # seconds between two readings of the prepared plans' memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +98,7 @@ class Server:
         self.session = Session(pgbouncer=options.pgbouncer, const_labels=options.const_labels,
                                max_series=options.max_series, clock=clock)  # fmt: skip
         self.facts: ServerFacts | None = None
-        # The path searched on which connection, and when (issue 29).
-        self.path: tuple[Conn, SearchPath, float] | None = None
+        self.plans_read_at = -PLAN_MEMORY_PERIOD  # when the prepared plans' memory was read
         self.databases: tuple[str, ...] = ()
         self.unnamed: tuple[str, ...] = ()  # databases discovery cannot name (SQL_ASCII)
         self.plan: Plan | None = None
@@ -127,7 +122,38 @@ class Server:
         return self.datname or database_of(self.options.url)
 
     async def prepare(self) -> None:
-        """Connect if needed, read the server's facts, and plan when they changed."""
+        """Connect if needed, read the server's facts, and plan when they changed.
+
+        A first session proven direct is replaced by one that logs in with the guards
+        (issue 36): from then on every connection of our role to that server does."""
+        pre = await self._read()
+        if self._guard_logins(pre.facts):
+            await self.disconnect()
+            pre = await self._read()
+        facts = self._settle_guards(pre.facts)
+        self.databases = pre.databases
+        self._note_unnamed(pre.unnamed)
+        # Facts are read on every pass and planning is pure and cheap, so any change
+        # (an extension created, a schema dropped) is planned for at once.
+        if self.plan is None or self.facts != facts:
+            self.plan = make_plan(self.definitions, facts, self.options.tags)
+            log.info(
+                "planned %d collectors, skipped %d",
+                len(self.plan.planned),
+                len(self.plan.skipped),
+                extra={"datname": facts.datname, "version": facts.version},
+            )
+        self._note_limits(facts)
+        self._note_path(facts)
+        self.facts = facts
+        if facts.may_read_plans and not facts.own_transaction and self.conn is not None:
+            now = self.clock()
+            if now - self.plans_read_at >= PLAN_MEMORY_PERIOD:  # issue 31
+                self.plans_read_at = now
+                await self.session.read_plan_memory(self.conn)
+
+    async def _read(self) -> Preflight:
+        """Connect if needed, then the preflight, its time counted as server time."""
         if self.conn is None or self.conn.closed or self.conn.broken:
             await self.disconnect()
             conninfo = postgres.conninfo_for(
@@ -146,7 +172,9 @@ class Server:
             self.connections.used(self)
         started = self.clock()
         try:
-            pre = await self._preflight(self.conn)
+            if self.options.pgbouncer:
+                return await pgbouncer_preflight(self.conn)
+            return await preflight(self.conn, is_main=self.is_main)
         except psycopg.Error:
             await self.disconnect()
             raise
@@ -154,49 +182,48 @@ class Server:
             took = self.clock() - started
             self.statement_seconds += took
             self.preflight_seconds += took
-        self.databases = pre.databases
-        self._note_unnamed(pre.unnamed)
-        # Facts are read on every pass and planning is pure and cheap, so any change
-        # (an extension created, a schema dropped) is planned for at once.
-        if self.plan is None or self.facts != pre.facts:
-            self.plan = make_plan(self.definitions, pre.facts, self.options.tags)
-            log.info(
-                "planned %d collectors, skipped %d",
-                len(self.plan.planned),
-                len(self.plan.skipped),
-                extra={"datname": pre.facts.datname, "version": pre.facts.version},
-            )
-        self._note_limits(pre.facts)
-        self.facts = pre.facts
 
-    async def _preflight(self, conn: Conn) -> Preflight:
-        """The server's facts; its path searched for impostors on a new connection and then
-        every PATH_RECHECK seconds (issue 29), keeping what it left out before."""
+    def _guard_logins(self, facts: ServerFacts) -> bool:
+        """Whether to log in again, with the guards: the session was proven direct and did
+        not log in with them, and the server has not refused them. A session that logged
+        in with them and is not direct (a pooler answered) gives them up for good."""
         if self.options.pgbouncer:
-            return await pgbouncer_preflight(conn)
-        now, held = self.clock(), self.path
-        if held is not None and held[0] is conn and now - held[2] < PATH_RECHECK:
-            return await preflight(conn, is_main=self.is_main, path=held[1])
-        pre = await preflight(conn, is_main=self.is_main)
-        path = pre.facts.search_path
-        if held is not None and held[0] is conn:  # what is on its path now is ours
-            path = path.keeping(held[1])
-            pre = replace(pre, facts=replace(pre.facts, search_path=path))
-            if pre.facts.may_read_plans and not pre.facts.own_transaction:
-                await self.session.read_plan_memory(conn)  # once a minute too (issue 31)
-        self.path = (conn, path, now)
-        self._note_path(pre.facts)
-        return pre
+            return False
+        if facts.own_transaction:
+            if facts.login_guarded:
+                self.connections.guard_logins(self, None)
+            return False
+        options = facts.guards.login_options()
+        held = self.conn.info.get_parameters().get("options", "") if self.conn else ""
+        if facts.login_guarded and held.endswith(options):
+            return False  # logged in with this server's whole set
+        return self.connections.guard_logins(self, options)
+
+    def _settle_guards(self, facts: ServerFacts) -> ServerFacts:
+        """The facts with why collectors run in transactions of their own where a direct
+        session does not hold the guards: the server refused them at login, or reports a
+        guard otherwise than the login set it (issue 36)."""
+        if self.options.pgbouncer or facts.own_transaction:
+            return facts
+        if not facts.login_guarded:
+            return replace(facts, own_transaction="the server refused the guards at login")
+        differ = table.differences(facts.guards.shape, list(facts.reported))
+        if not differ:
+            return facts
+        said = "; ".join(
+            f"{name} is {seen} (we logged in with {want})" for name, want, seen in differ
+        )
+        return replace(facts, own_transaction=f"the server does not keep the guards: {said}")
 
     def _note_path(self, facts: ServerFacts) -> None:
-        """Warn once per change about schemas left out of our search_path (issue 29)."""
+        """Say once per change which extensions stay off our search_path (issue 36)."""
         left = facts.search_path.left_out
         if left and (self.facts is None or self.facts.search_path.left_out != left):
-            log.warning(
-                "schemas left out of the search_path collectors run under, because an "
-                "ordinary role's object there could stand in for a catalog or extension "
-                "one; name objects there with their schema: %s",
-                "; ".join(f"{schema} holds {what}" for schema, what in left),
+            log.info(
+                "extensions in schemas that roles other than superusers and ours may write "
+                "stay off the search_path; our library names their objects by schema, a "
+                "collector of yours should too (@extschema:NAME@): %s",
+                "; ".join(f"{what} in {schema}" for schema, what in left),
                 extra={"datname": facts.datname},
             )
 
@@ -369,8 +396,8 @@ class Server:
     async def refresh(self, runtime: CollectorRuntime, budget: Budget) -> Entry:
         """Run one collector and build its families; never raises for collector failures.
         A connection the run left unusable is closed (D7)."""
-        unsettling = self.plan is not None and runtime.collector.key in self.plan.unsettling
-        place = Place(self.conn, self.facts, self.label, unsettling, self.disconnect)
+        fenced = self.plan is not None and runtime.collector.key in self.plan.fenced
+        place = Place(self.conn, self.facts, self.label, fenced, self.disconnect)
         return await self.session.run(place, runtime, budget)
 
     def use(self, definitions: Definitions) -> None:

@@ -47,13 +47,14 @@ SKIPPED = _Skipped.SKIPPED  # a predicate said no
 @dataclass(frozen=True, slots=True)
 class Place:
     """Where one collector runs: the database's connection and what its preflight read,
-    its name for labels and logs, whether the collector's SQL may change a limit, and how
-    to close a connection the run left unusable (D7)."""
+    its name for labels and logs, whether it runs fenced in a rolled-back transaction of
+    its own (it may reach a tenant's code, issue 36), and how to close a connection the
+    run left unusable (D7)."""
 
     conn: Conn | None
     facts: ServerFacts | None
     datname: str
-    unsettling: bool
+    fenced: bool
     disconnect: Callable[[], Awaitable[None]]
 
 
@@ -149,15 +150,13 @@ class Session:
             if collector.bounded:
                 # Its own deadline only: it finishes even if its request ends (B11).
                 async with deadline(self.client_deadline(collector)):
-                    builder = await self.query(conn, runtime, facts, datname)
+                    builder = await self.query(conn, runtime, facts, datname, place.fenced)
             else:  # nothing else bounds it, so it ends with its request (B12)
                 builder = await until_request_ends(
-                    self.query(conn, runtime, facts, datname), budget
+                    self.query(conn, runtime, facts, datname, place.fenced), budget
                 )
         finally:
-            if place.unsettling:
-                self.forget_limits()  # its SQL may have changed a limit: send them all again
-            if not await postgres.settle(conn):
+            if not await postgres.settle(conn):  # ROLLBACK of a transaction of ours
                 await place.disconnect()
         if builder is SKIPPED:
             return (), 0, Outcome.SKIPPED
@@ -172,7 +171,12 @@ class Session:
         return collector.timeout
 
     async def query(
-        self, conn: Conn, runtime: CollectorRuntime, facts: ServerFacts, datname: str
+        self,
+        conn: Conn,
+        runtime: CollectorRuntime,
+        facts: ServerFacts,
+        datname: str,
+        fenced: bool = False,
     ) -> SampleBuilder | _Skipped | None:
         """Predicates then the main query, read only under the collector's limits (B13, D1).
 
@@ -183,7 +187,7 @@ class Session:
         cur = self._cursor(conn)
         session = False
         if not self.pgbouncer:  # the console has no transactions or SET (D4)
-            session = await self._limit(conn, cur, collector, facts)
+            session = await self._limit(conn, cur, collector, facts, fenced=fenced)
         for predicate in collector.predicates:
             if not await self._predicate(cur, runtime, predicate):
                 return SKIPPED
@@ -213,17 +217,18 @@ class Session:
         return builder
 
     async def _limit(
-        self, conn: Conn, cur: Cursor, collector: Collector, facts: ServerFacts
+        self, conn: Conn, cur: Cursor, collector: Collector, facts: ServerFacts, *, fenced: bool
     ) -> bool:
-        """Put the collector's limits in force (D1): as session settings, sent only where
-        they differ from the last collector's, so that most collectors cost one round trip
-        (issue 22); in a read-only transaction of the collector's own, as before, unless
-        the preflight proved the connection direct and the server reports its read-only
-        default (a pooler would hand our session settings to an application). True when
-        the limits are session settings."""
+        """Put the collector's limits in force (D1): as session settings over the guards
+        given at login, sent only where they differ from the last collector's, so that
+        most collectors cost one round trip (issue 22); else in a read-only transaction of
+        the collector's own with every guard local to it, rolled back after (issue 36):
+        where the connection was not proven direct and holding the guards (a pooler would
+        hand our session settings to an application), and for a collector that may reach
+        a tenant's code (``fenced``). True when the limits are session settings."""
         limits = Limits.of(collector.timeout, facts.guards)
         read_only = session_read_only(conn)
-        if read_only is None or facts.own_transaction:
+        if read_only is None or facts.own_transaction or fenced:
             await postgres.send_limits(cur, limits_sql(limits))
             return False
         held = self.limits

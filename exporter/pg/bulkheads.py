@@ -39,6 +39,7 @@ from exporter.config.settings import (
     DEFAULT_SERVER_MAX_FAILED_LOGINS,
     Settings,
 )
+from exporter.pg import guards as table
 from exporter.pg import postgres
 from exporter.pg.addresses import Attempt, ServerKey, resolve
 from exporter.pg.loginrate import LoginBucket, cut_short, refused_login
@@ -77,13 +78,14 @@ class Evictable(Protocol):
 class Lease:
     """One place at a server, from before the login until its backend has ended."""
 
-    __slots__ = ("bulkhead", "holder", "probe", "released")
+    __slots__ = ("bulkhead", "holder", "probe", "released", "role")
 
     def __init__(self, bulkhead: Bulkhead, *, probe: bool) -> None:
         self.bulkhead = bulkhead
         self.probe = probe
         self.holder: Evictable | None = None  # a pass connection's, to close it for room
         self.released = False
+        self.role = ""  # the role its connection logs in as (its login options')
 
     def use(self, *, busy: bool) -> None:
         """A pass starts (True) or ends (False) using the connection: idle ones may be
@@ -120,6 +122,11 @@ class Bulkhead:
         self.refused = 0  # health probes held back (cap or logins): "not probed"
         self.evictions = 0  # idle pass connections closed to make room
         self.used_at = clock()
+        # libpq options that put our guards in force at login, per role (issue 36): absent,
+        # those every major has (a first login); text, this server's whole set; None,
+        # none (a session of that role here was not direct, or the server refused them).
+        self.login_options: dict[str, str | None] = {}
+        self.login_refused: set[str] = set()  # roles whose options the server refused
         self._idle: OrderedDict[Lease, None] = OrderedDict()  # least recently used first
         self._changed = asyncio.Event()  # replaced at each change; waiters hold the old one
         # Each strain is warned about once (at most once a period), and its end told only
@@ -339,7 +346,7 @@ class Bulkheads:
             lease.release()
             raise
         try:
-            conn = await connector(attempt.conninfo, connect_timeout)
+            conn = await _dial_guarded(bulkhead, attempt.conninfo, connect_timeout, connector)
         except BaseException as exc:
             given_up = cut_short(exc)
             bulkhead.login_ended(failed=given_up or refused_login(exc))
@@ -350,6 +357,33 @@ class Bulkheads:
             raise
         bulkhead.login_ended(failed=False)
         return conn, lease
+
+
+async def _dial_guarded(
+    bulkhead: Bulkhead, conninfo: str, connect_timeout: float, connector: Connector
+) -> Conn:
+    """Dial with the guards at login (issue 36), from the first byte: at a first login the
+    ones every major has, then this server's whole set once a session proved direct;
+    none where a session of the role was not direct. A server (or pooler) that refuses
+    them at login is dialled again without them, and not given them again: collectors
+    then run in transactions of their own, which carry them."""
+    role = postgres.role_of(conninfo)
+    options = bulkhead.login_options.get(role, table.first_login_options())
+    if options is None:
+        return await connector(conninfo, connect_timeout)
+    try:
+        return await connector(postgres.with_options(conninfo, options), connect_timeout)
+    except psycopg.OperationalError as exc:
+        if not postgres.refused_options(exc):
+            raise
+        bulkhead.login_options[role] = None
+        bulkhead.login_refused.add(role)
+        log.warning(
+            "the server refused the guards at login (%s); collectors run in read-only "
+            "transactions of their own instead", postgres.first_line(exc),
+            extra={"server": str(bulkhead.key)},
+        )  # fmt: skip
+    return await connector(conninfo, connect_timeout)
 
 
 def _last(errors: list[Exception]) -> Exception:

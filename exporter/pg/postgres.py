@@ -50,6 +50,39 @@ def conninfo_for(url: str, dbname: str | None, connect_timeout: float) -> str:
     return make_conninfo(url, **extra)
 
 
+def role_of(conninfo: str) -> str:
+    """The role a connection string logs in as ("" when libpq's default)."""
+    return str(conninfo_to_dict(conninfo).get("user") or "")
+
+
+def with_options(conninfo: str, options: str) -> str:
+    """``conninfo`` logging in with ``options`` too (after any of the URL's own, which
+    ours override where both set a setting)."""
+    own = str(conninfo_to_dict(conninfo).get("options") or "")
+    return make_conninfo(conninfo, options=f"{own} {options}".strip())
+
+
+# What a server (or a pooler in front of it) says when it refuses our login options.
+_REFUSED_OPTIONS = (
+    "configuration parameter",
+    "startup parameter",
+    "permission denied to set parameter",
+    "invalid value for parameter",
+)
+
+
+def refused_options(exc: BaseException) -> bool:
+    """Whether a failed login was refused for the options it carried."""
+    text = str(exc)
+    return any(words in text for words in _REFUSED_OPTIONS)
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line of substance, for a log line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
 async def connect(
     conninfo: str, connect_timeout: float
 ) -> psycopg.AsyncConnection[tuple[object, ...]]:
@@ -179,9 +212,9 @@ async def settle(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
         return False
     status = conn.info.transaction_status
     try:
-        if status == TransactionStatus.INTRANS:
-            await conn.execute("COMMIT")
-        elif status == TransactionStatus.INERROR:
+        # ROLLBACK, never COMMIT: our transactions write nothing, and a rollback undoes
+        # whatever a function we called set for the session (issue 36).
+        if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
             await conn.execute("ROLLBACK")
         elif status != TransactionStatus.IDLE:
             return False

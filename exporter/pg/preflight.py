@@ -10,12 +10,13 @@ import functools
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
+from exporter.pg import guards as table
 from exporter.pg.casting import Escaped
-from exporter.pg.limits import NO_GUARDS, Guards, session_read_only
+from exporter.pg.limits import NO_GUARDS, Guards, guarded_sql, session_read_only
 from exporter.pg.searchpath import NO_PATH, PATH_COLUMNS, SearchPath
 
 # Every name is qualified and every comparison names pg_catalog's operator: this runs
@@ -42,7 +43,8 @@ SELECT pg_catalog.current_setting('server_version_num')::int,
        pg_catalog.current_setting('work_mem'),
        pg_catalog.current_setting('temp_file_limit'),
        {may_limit_temp},
-       {may_read_plans}"""
+       {may_read_plans},
+       {reading}"""
 # Whether our role may set temp_file_limit (issue 31): from PostgreSQL 15 it can be
 # granted (GRANT SET ON PARAMETER); before, only a superuser may.
 _MAY_LIMIT_TEMP = "pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')"
@@ -50,11 +52,6 @@ _SUPERUSER = "pg_catalog.current_setting('is_superuser')::boolean"
 # Whether our role may read its backend's memory contexts (prepared plans, issue 31):
 # from PostgreSQL 15 pg_read_all_stats may, in 14 a superuser, before nobody.
 _MAY_READ_PLANS = "pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')"
-
-#: How often the schemas of a connection's path are searched again for impostors
-#: (seconds): the search costs the server a few milliseconds, the preflight a tenth of
-#: one, so it runs on a new connection and then at most this often.
-PATH_RECHECK = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +69,15 @@ class ServerFacts:
     # Why each collector runs in a read-only transaction of its own with local limits;
     # "" when the limits are session settings (a direct connection, issue 22).
     own_transaction: str = ""
-    # What our collectors resolve unqualified names through (issue 29).
+    # What our collectors resolve unqualified names through (issue 36).
     search_path: SearchPath = NO_PATH
     # What every statement of ours there runs under: the path, no JIT, memory bounds.
     guards: Guards = NO_GUARDS
     may_read_plans: bool = False  # our role may read its backend's memory contexts
+    # What the server reported for each guard (guards.names order) when read, and
+    # whether the session logged in with them (libpq options, issue 36).
+    reported: tuple[str, ...] = field(default=(), compare=False)
+    login_guarded: bool = False
 
     @property
     def product(self) -> str:
@@ -110,23 +111,28 @@ class Endpoint:
 
 
 async def preflight(
-    conn: psycopg.AsyncConnection[tuple[object, ...]],
-    *,
-    is_main: bool,
-    path: SearchPath | None = None,
+    conn: psycopg.AsyncConnection[tuple[object, ...]], *, is_main: bool
 ) -> Preflight:
-    """Version, recovery, database, user, extensions, schemas and databases in one query;
-    with ``path`` None, also the search_path our collectors are to run under (issue 29),
-    else ``path`` is kept."""
+    """Version, recovery, database, user, extensions, schemas and databases in one query,
+    with the search_path our collectors are to run under and what the server reports for
+    each guard (issue 36). A connection that did not log in with the guards asks inside a
+    read-only transaction of its own with them local to it, rolled back after."""
+    guarded = logged_in_guarded(conn)
     async with conn.cursor() as cur:
-        await cur.execute(_sql(conn.info.server_version, check_path=path is None))
-        row = await cur.fetchone()
+        if not guarded:
+            await cur.execute(guarded_sql(conn.info.server_version), prepare=False)
+        try:
+            await cur.execute(_sql(conn.info.server_version))
+            row = await cur.fetchone()
+        finally:
+            if not guarded and not conn.broken:
+                await conn.execute("ROLLBACK")
     if row is None:  # pragma: no cover - the query always returns a row
         raise psycopg.DataError("preflight query returned no row")
     version, recovery, datname, user, exts, schemas, dbs, address, port, directories = row[:10]
-    pid, work_mem, temp_file_limit, may_limit_temp, may_read_plans = row[10:15]
+    pid, work_mem, temp_file_limit, may_limit_temp, may_read_plans, reading = row[10:16]
     seen = Endpoint(str(address or ""), int(str(port)), _optional(directories), _pid(pid))
-    path = path if path is not None else SearchPath.of(*row[15:17])
+    path = SearchPath.of(row[16], row[17], user=str(user))
     number = int(str(version))
     guards = Guards.of(number, path.setting, str(work_mem), str(temp_file_limit),
                        may_limit_temp is True)  # fmt: skip
@@ -142,6 +148,8 @@ async def preflight(
         search_path=path,
         guards=guards,
         may_read_plans=may_read_plans is True,
+        reported=tuple(str(v) for v in reading) if isinstance(reading, list) else (),
+        login_guarded=guarded,
     )
     names = _strings(dbs)
     return Preflight(
@@ -151,14 +159,21 @@ async def preflight(
     )
 
 
+def logged_in_guarded(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    """Whether the connection logged in with the guards (libpq ``options``)."""
+    return "default_transaction_read_only" in conn.info.get_parameters().get("options", "")
+
+
 @functools.cache
-def _sql(version: int, *, check_path: bool) -> str:
+def _sql(version: int) -> str:
     """The preflight for a server of ``version`` (as libpq learnt it at login)."""
     new = version >= 150000
     plans = _MAY_READ_PLANS if new else _SUPERUSER if version >= 140000 else "false"
-    sql = _PREFLIGHT_SQL.format(may_limit_temp=_MAY_LIMIT_TEMP if new else _SUPERUSER,
-                                may_read_plans=plans)  # fmt: skip
-    return f"{sql},{PATH_COLUMNS}" if check_path else sql
+    temp = _MAY_LIMIT_TEMP if new else _SUPERUSER
+    sql = _PREFLIGHT_SQL.format(
+        may_limit_temp=temp, may_read_plans=plans, reading=table.reading_sql(version)
+    )
+    return f"{sql},{PATH_COLUMNS}"
 
 
 def _pid(value: object) -> int | None:
