@@ -16,6 +16,7 @@ from exporter.collect.planning import PRIMARY_TAGS, REPLICA_TAGS, make_plan
 from exporter.config.definitions import Collector, Definitions, Usage
 from exporter.config.loading import load_definitions, read_document
 from exporter.pg.preflight import ServerFacts
+from exporter.pg.searchpath import SearchPath
 
 LIBRARY = Path(__file__).resolve().parent.parent / "collectors"
 DOC_FILE = LIBRARY / "0000-doc.yml"
@@ -118,6 +119,7 @@ def facts(version: int, in_recovery: bool, *, is_main: bool = True) -> ServerFac
         username="monitor",
         extensions=frozenset({"pg_stat_statements"}),
         is_main=is_main,
+        search_path=SearchPath.of(["pg_stat_statements\tpublic"], ["pg_catalog", "public"]),
     )
 
 

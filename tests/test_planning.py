@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.planning import Plan, explain_text, make_plan, may_change_settings
-from exporter.config.definitions import Collector, Column, Definitions, Predicate, Usage
+from exporter.collect.planning import Plan, explain_text, make_plan
+from exporter.config.definitions import Collector, Column, Definitions, Usage
 from exporter.pg.preflight import ServerFacts
+from exporter.pg.searchpath import SearchPath
 
 PRIMARY = ServerFacts(
     version=180006,
@@ -216,72 +217,80 @@ def test_explain_text_of_replica() -> None:
     assert "not in recovery" not in text
 
 
-@pytest.mark.parametrize(
-    "sql",
-    [
-        "SELECT set_config('statement_timeout', '0', false) AS v",
-        "SELECT pg_catalog.SET_CONFIG('lock_timeout', '0', false) AS v",
-        "SELECT \"set_config\"('work_mem', '1MB', false) AS v",
-        "SET statement_timeout = 0; SELECT 1 AS v",
-        "reset lock_timeout",
-        "RESET ALL",
-        "DISCARD ALL",
-        "DO $$ BEGIN PERFORM 1; END $$",
-        "SELECT U&\"\\0073et_config\"('a', 'b', false) AS v",
-        "SELECT 1 AS v -- set nothing, but say so",
-        "UPDATE t SET x = 1 RETURNING 1 AS v",
-    ],
+# A database with a tenant's schema "app", a trusted one holding an extension, and
+# pg_stat_statements in "public", which the database's owner may write (issue 36).
+TENANT = replace(
+    PRIMARY,
+    schemas=frozenset({"pg_catalog", "public", "app", "ext", "Mixed"}),
+    search_path=SearchPath.of(["pg_stat_statements\tpublic", "hstore\text"], ["pg_catalog", "ext"]),
 )
-def test_sql_that_may_change_a_setting_is_flagged(sql: str) -> None:
-    """SET, RESET, set_config, DISCARD, DO and Unicode escapes are flagged in any case and
-    spelling, also in a comment or an UPDATE: over-inclusive by design (issue 22)."""
-    assert may_change_settings(branch("b", query=sql))
 
 
 @pytest.mark.parametrize(
     "sql",
     [
-        "SELECT name, setting, reset_val FROM pg_settings",
-        "SELECT count(*) AS v FROM pg_stat_activity WHERE state = 'idle in transaction'",
-        "SELECT offset_bytes AS v FROM t ORDER BY 1 OFFSET 2",
-        "SELECT current_setting('statement_timeout') AS v",
+        "SELECT count(*) AS v FROM app.jobs",
+        "SELECT count(*) AS v FROM APP . jobs",
+        'SELECT count(*) AS v FROM "app".jobs',
+        'SELECT count(*) AS v FROM "Mixed".t',
+        "SELECT count(*) AS v FROM public.pg_stat_statements",
+        "SELECT query_to_xml('select app.f()', true, true, '') AS v",
+        'SELECT U&"\\0061pp".f() AS v',
     ],
 )
-def test_plain_reads_are_not_flagged(sql: str) -> None:
-    """Names that merely contain a flagged word (setting, reset_val, offset,
-    current_setting) leave the branch under the limits it shares with the others."""
-    assert not may_change_settings(branch("b", query=sql))
+def test_a_branch_naming_a_schema_others_may_write_is_fenced(sql: str) -> None:
+    """A schema-qualified name of an untrusted schema, in any case or quoting, in a string
+    too, or a name in Unicode escapes: the branch runs in a rolled-back transaction of
+    its own (issue 36)."""
+    assert plan_one(branch("b", query=sql), TENANT).fenced == frozenset({"b"})
 
 
-def test_a_predicate_that_may_change_a_setting_flags_its_branch() -> None:
-    """Predicates run on the same session as the query, so their SQL counts too."""
-    predicate = Predicate("p", "SELECT set_config('lock_timeout', '0', false) = '0'")
-    assert may_change_settings(branch("b", predicates=(predicate,)))
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT s.relname AS v FROM pg_stat_user_tables s",
+        "SELECT count(*) AS v FROM ext.thing",
+        "SELECT count(*) AS v FROM pg_catalog.pg_class",
+        'SELECT count(*) AS v FROM "mixed".t',  # not the schema "Mixed"
+        "SELECT 1 AS v FROM @extschema:pg_stat_statements@.pg_stat_statements(false)",
+    ],
+)
+def test_a_branch_reaching_only_trusted_schemas_is_not_fenced(sql: str) -> None:
+    """Aliases, trusted schemas, pg_catalog and an extension named by @extschema@ keep the
+    one round trip of session limits."""
+    assert plan_one(branch("b", query=sql), TENANT).fenced == frozenset()
 
 
-def test_the_plan_names_the_branches_that_may_change_a_setting() -> None:
-    """make_plan lists them, and explain says that the limits are sent again after them."""
-    plain, unsettling = branch("plain"), branch("unsetting", query="RESET ALL")
-    plan = make_plan(Definitions((plain, unsettling)), PRIMARY, ())
-    assert plan.unsettling == frozenset({"unsetting"})
+def test_extschema_names_the_extension_schema_and_skips_without_it() -> None:
+    """@extschema:NAME@ becomes the quoted schema NAME is installed in; a branch naming
+    an extension the database lacks is skipped, saying which."""
+    sql = "SELECT calls AS v FROM @extschema:pg_stat_statements@.pg_stat_statements(false)"
+    plan = plan_one(branch("b", query=sql), TENANT)
+    assert plan.planned[0].query == 'SELECT calls AS v FROM "public".pg_stat_statements(false)'
+    lacking = plan_one(branch("b", query=sql.replace("pg_stat_statements@", "pg_trgm@")), TENANT)
+    assert lacking.planned == ()
+    assert lacking.skipped[0].reason.startswith("needs extension pg_trgm")
+
+
+def test_explain_names_the_fenced_branches() -> None:
+    """/explain says which branches run fenced, and why."""
+    plan = make_plan(Definitions((branch("a"), branch("t", query="SELECT 1 AS v FROM app.t"))),
+                     TENANT, ())  # fmt: skip
     text = explain_text(plan)
-    assert "unsetting (name unsetting): " in text
-    line = next(x for x in text.splitlines() if x.startswith("  unsetting "))
-    assert line.endswith("its SQL may change a setting: all limits are sent again after it")
-    assert "may change a setting" not in next(
-        x for x in text.splitlines() if x.startswith("  plain ")
-    )
+    line = next(x for x in text.splitlines() if x.startswith("  t "))
+    assert "runs in a read-only transaction of its own, rolled back" in line
+    assert "rolled back" not in next(x for x in text.splitlines() if x.startswith("  a "))
 
 
 def test_explain_says_how_the_limits_are_put_in_force() -> None:
     """Session settings on a direct connection; a transaction per collector, with the
     reason, otherwise; none on pgBouncer's console."""
     direct = explain_text(plan_one(branch("b")))
-    assert "limits: session settings" in direct.splitlines()[1]
+    assert "limits: the guards given at login" in direct.splitlines()[1]
     pooled = replace(PRIMARY, own_transaction="the server listens on port 5432, ...")
     line = explain_text(plan_one(branch("b"), pooled)).splitlines()[1]
     assert line == (
-        "limits: a read-only transaction per collector, because the server listens on "
-        "port 5432, ..."
+        "limits: every guard and limit local to a read-only transaction per collector, "
+        "rolled back, because the server listens on port 5432, ..."
     )
     assert "none sent" in explain_text(plan_one(branch("b", tags=("pgbouncer",)), BOUNCER))

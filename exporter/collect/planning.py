@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporter.config.definitions import Collector, Definitions
-from exporter.pg.limits import TEMP_FILE_CAP_KB
+from exporter.pg.guards import TEMP_FILE_CAP_KB
+from exporter.pg.guards import names as guard_names
 from exporter.pg.preflight import ServerFacts
+from exporter.pg.searchpath import quote_ident
 
 PRIMARY_TAGS = frozenset({"primary", "master", "leader"})
 REPLICA_TAGS = frozenset({"standby", "replica", "slave"})
@@ -35,9 +37,9 @@ class Plan:
     facts: ServerFacts
     planned: tuple[Collector, ...]  # in (priority, key) order
     skipped: tuple[Skipped, ...]
-    # Planned branches whose SQL may change a session setting: under session limits, the
-    # limits are all sent again after each of them (issue 22).
-    unsettling: frozenset[str] = frozenset()
+    # Planned branches that may reach a schema others than superusers and us may write:
+    # each runs in a read-only transaction of its own, rolled back (issue 36).
+    fenced: frozenset[str] = frozenset()
 
 
 def make_plan(definitions: Definitions, facts: ServerFacts, exporter_tags: Sequence[str]) -> Plan:
@@ -45,28 +47,73 @@ def make_plan(definitions: Definitions, facts: ServerFacts, exporter_tags: Seque
     tags = frozenset(exporter_tags)
     planned: list[Collector] = []
     skipped: list[Skipped] = []
+    reach = untrusted_reach(facts)
+    fenced: set[str] = set()
     for collector in sorted(definitions.collectors, key=lambda c: (c.priority, c.key)):
-        reason = skip_reason(collector, facts, tags)
-        if reason is None:
-            planned.append(collector)
-        else:
-            skipped.append(Skipped(collector, reason))
-    unsettling = frozenset(c.key for c in planned if may_change_settings(c))
-    return Plan(facts, tuple(planned), tuple(skipped), unsettling)
+        named: Collector | str | None = skip_reason(collector, facts, tags)
+        if named is None:
+            named = with_schemas(collector, facts)
+        if isinstance(named, str):
+            skipped.append(Skipped(collector, named))
+            continue
+        planned.append(named)
+        if reach is not None and reach.search(_texts(collector)):
+            fenced.add(collector.key)  # the text as written, before @extschema@ is named
+    return Plan(facts, tuple(planned), tuple(skipped), frozenset(fenced))
 
 
-# Words of SQL that change a session setting, or run code that may (DO), or spell a name
-# in escapes a plain reading cannot see (U&"..."). Over-inclusive on purpose: a match in
-# a string or a comment costs one more statement of limits, a miss costs the limits.
-_SETTING_WORDS = re.compile(r"\b(?:set|reset|set_config|discard|do)\b|\bu&", re.IGNORECASE)
+_EXTSCHEMA = re.compile(r"@extschema:([A-Za-z0-9_]+)@")
 
 
-def may_change_settings(collector: Collector) -> bool:
-    """Whether the branch's query or a predicate may change a session setting (SET, RESET,
-    set_config, DISCARD, a DO block): a reading of the text, which a function changing a
-    setting inside its body escapes (docs/database-safety.md, D1)."""
+def with_schemas(collector: Collector, facts: ServerFacts) -> Collector | str:
+    """The collector with each ``@extschema:NAME@`` in its SQL replaced by the quoted
+    schema extension NAME is installed in (as PostgreSQL's own extension scripts write
+    it), or why it cannot run: the extension is not installed. Our library names an
+    extension's objects so, wherever it is installed and whoever may write there."""
     texts = (collector.query, *(p.sql for p in collector.predicates))
-    return any(_SETTING_WORDS.search(text) for text in texts)
+    wanted = {name for text in texts for name in _EXTSCHEMA.findall(text)}
+    if not wanted:
+        return collector
+    schemas = {name: facts.search_path.schema_of(name) for name in wanted}
+    missing = sorted(name for name, schema in schemas.items() if schema is None)
+    if missing:
+        return f"needs extension {', '.join(missing)} (its SQL names @extschema:{missing[0]}@)"
+
+    def name(text: str) -> str:
+        return _EXTSCHEMA.sub(lambda m: quote_ident(str(schemas[m.group(1)])), text)
+
+    predicates = tuple(replace(p, sql=name(p.sql)) for p in collector.predicates)
+    return replace(collector, query=name(collector.query), predicates=predicates)
+
+
+def _texts(collector: Collector) -> str:
+    return "\n".join((collector.query, *(p.sql for p in collector.predicates)))
+
+
+def untrusted_reach(facts: ServerFacts) -> re.Pattern[str] | None:
+    """What in a collector's SQL names a schema that roles other than superusers and ours
+    may write (``app.jobs``, ``"App".jobs``), or spells a name in Unicode escapes, which a
+    plain reading cannot see through; None when the database has no such schema.
+
+    Such a collector may run code a tenant wrote (a view's functions, a row-security
+    policy), so it runs in a transaction of its own, rolled back: whatever that code sets
+    for the session is undone by the server (issue 36). Names on our search_path resolve
+    only in trusted schemas (``searchpath``), so the others need no fence. A word read
+    as a schema where it is an alias (``s.relname`` in a database with a schema ``s``)
+    costs only the fence's two statements."""
+    trusted = facts.search_path.trusted
+    untrusted = sorted(s for s in facts.schemas if s not in trusted and not s.startswith("pg_"))
+    if not untrusted and not facts.search_path.left_out:
+        return _ESCAPES
+    names = [*untrusted, *(schema for schema, _ in facts.search_path.left_out)]
+    plain = [re.escape(n) for n in names if _PLAIN_NAME.fullmatch(n)]
+    quoted = [re.escape('"' + n.replace('"', '""') + '"') for n in names]
+    parts = [*(rf'(?<![\w$"])(?i:{p})' for p in plain), *quoted]
+    return re.compile(rf"(?:{'|'.join(parts)})\s*\.|{_ESCAPES.pattern}")
+
+
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_$]*")  # what an unquoted name folds to
+_ESCAPES = re.compile(r"(?i:\bu&)")  # U&"..." names
 
 
 def skip_reason(collector: Collector, facts: ServerFacts, tags: frozenset[str]) -> str | None:
@@ -180,7 +227,7 @@ def explain_text(plan: Plan) -> str:
     lines = [_header(plan.facts), ""]
     lines.append(f"planned ({len(plan.planned)}, in run order):")
     for collector in plan.planned:
-        lines.extend(_describe(collector))
+        lines.extend(_describe(collector, fenced=collector.key in plan.fenced))
     lines.extend(_shared_names(plan.planned))
     lines.append("")
     lines.append(f"skipped ({len(plan.skipped)}):")
@@ -205,10 +252,23 @@ def _limits_line(facts: ServerFacts) -> str:
     if facts.pgbouncer:
         return "limits: none sent (pgBouncer's console has no settings, D4)"
     if facts.own_transaction:
-        how = f"limits: a read-only transaction per collector, because {facts.own_transaction}"
+        how = (
+            "limits: every guard and limit local to a read-only transaction per collector, "
+            f"rolled back, because {facts.own_transaction}"
+        )
     else:
-        how = "limits: session settings, sent when the next collector's differ (direct connection)"
-    return f"{how}\n{facts.search_path.describe()}\n{guards_line(facts)}"
+        how = (
+            "limits: the guards given at login (direct connection); a collector's own limits "
+            "as session settings, sent when the next collector's differ"
+        )
+    return "\n".join((how, facts.search_path.describe(), guards_line(facts), reported_line(facts)))
+
+
+def reported_line(facts: ServerFacts) -> str:
+    """Each guard as the server reported it at the last preflight, not as we sent it."""
+    pairs = zip(guard_names(facts.version), facts.reported, strict=False)
+    shown = ", ".join(f"{name}={value}" for name, value in pairs)
+    return f"guards as the server reports them: {shown or 'not read'}"
 
 
 def guards_line(facts: ServerFacts) -> str:
@@ -224,7 +284,7 @@ def guards_line(facts: ServerFacts) -> str:
     )
 
 
-def _describe(collector: Collector) -> list[str]:
+def _describe(collector: Collector, *, fenced: bool = False) -> list[str]:
     """One planned branch: its settings on one line, then its SQL indented."""
     timeout = "unbounded" if collector.timeout is None else f"{collector.timeout:g}s"
     tags = ", ".join(collector.tags) or "-"
@@ -234,8 +294,11 @@ def _describe(collector: Collector) -> list[str]:
         f"tags [{tags}]"
     )
     sql = [f"      {line}".rstrip() for line in collector.query.strip().splitlines()]
-    if may_change_settings(collector):
-        head += "; its SQL may change a setting: all limits are sent again after it"
+    if fenced:
+        head += (
+            "; it names a schema others may write: it runs in a read-only transaction of "
+            "its own, rolled back"
+        )
     return [head, *sql]
 
 
