@@ -211,3 +211,41 @@ def test_the_refused_commands_are_the_ones_writing_collectors_lists() -> None:
     section = text.split("## One statement that returns rows", 1)[1]
     listed = set(re.findall(r"`([A-Z_]+)`", section.split("None of these", 1)[0]))
     assert listed - set(QUERIES.replace(" or", ",").split(", ")) == set(REFUSED)
+
+
+@pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        ("SELECT set_config('statement_timeout', '0', false) AS v", "set_config"),
+        ("SELECT pg_catalog.SET_CONFIG('search_path', 'evil', 'off') AS v", "set_config"),
+        ("SELECT \"set_config\"('jit', 'on', (SELECT false)) AS v", "set_config"),
+        ("SELECT set_config('jit', 'on') AS v", "set_config"),  # unbalanced: refused
+        ("SELECT pg_advisory_lock(42) AS v", "pg_advisory_lock()"),
+        ("SELECT pg_catalog.pg_try_advisory_lock_shared(1, 2) AS v", "pg_try_advisory_lock"),
+        ('SELECT "pg_advisory_lock" (1) AS v', "pg_advisory_lock()"),
+        ("SELECT dblink_connect('x') AS v", "dblink_connect()"),
+    ],
+)
+def test_a_call_whose_effect_outlives_the_collector_is_refused(sql: str, named: str) -> None:
+    """Issue 36: behind a pooler a session-level setting, advisory lock or connection would
+    stay with the server connection the next application gets: refused at load, naming
+    the call and what to write instead."""
+    problem = collector_sql_problem(sql)
+    assert problem is not None
+    assert problem.startswith("a session side effect: ")
+    assert named in problem
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT set_config('statement_timeout', '0', true) AS v",
+        "SELECT pg_catalog.set_config('jit', f('a, b'), TRUE) AS v",
+        "SELECT pg_advisory_xact_lock(42) AS v",
+        "SELECT current_setting('work_mem') AS v",
+        "SELECT count(*) AS v FROM pg_locks WHERE locktype = 'advisory'",
+    ],
+)
+def test_transaction_scoped_calls_are_allowed(sql: str) -> None:
+    """Their effect ends with our transaction, which is rolled back."""
+    assert collector_sql_problem(sql) is None

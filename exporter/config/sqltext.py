@@ -211,9 +211,59 @@ REFUSED |= dict.fromkeys(
 QUERIES = "SELECT, WITH, VALUES, TABLE, SHOW or EXPLAIN"
 
 
+# Functions whose effect outlives the statement and the transaction that called them:
+# behind a pooler, the next application on the server connection would inherit it
+# (issue 36). Transaction-scoped forms (pg_advisory_xact_lock, set_config(…, true)) end
+# with our transaction, which is rolled back.
+SESSION_CALLS = {
+    "pg_advisory_lock": "takes a session-level advisory lock, held after the collector",
+    "pg_advisory_lock_shared": "takes a session-level advisory lock, held after the collector",
+    "pg_try_advisory_lock": "takes a session-level advisory lock, held after the collector",
+    "pg_try_advisory_lock_shared": "takes a session-level advisory lock, held after the collector",
+    "dblink_connect": "opens a connection that outlives the collector",
+    "dblink_connect_u": "opens a connection that outlives the collector",
+}
+_CALL = re.compile(r'(?<![\w$])"?(' + "|".join(SESSION_CALLS) + r')"?\s*\(', re.IGNORECASE)
+# set_config whose third argument is not the literal true sets the session's value.
+_SET_CONFIG = re.compile(r'(?<![\w$])"?set_config"?\s*\(', re.IGNORECASE)
+_LOCAL_TAIL = re.compile(r",\s*true\s*$", re.IGNORECASE)
+
+
+def session_call_problem(sql: str) -> str | None:
+    """Why ``sql`` may leave something behind in the session, or None: a call of a
+    function whose effect outlives our transaction, or ``set_config`` not local to it.
+    Read over the whole text, strings included: a false alarm names the call, a miss
+    would leave a lock or a setting to the next application on a pooled connection."""
+    if (found := _CALL.search(sql)) is not None:
+        name = found.group(1).lower()
+        return f"it calls {name}(), which {SESSION_CALLS[name]}; use the _xact_ form"
+    for found in _SET_CONFIG.finditer(sql):
+        arguments = _arguments(sql, found.end())
+        if arguments is None or not _LOCAL_TAIL.search(arguments):
+            return (
+                "it calls set_config() without true as its third argument, which changes "
+                "the session's setting after the collector; pass true (local to our "
+                "transaction)"
+            )
+    return None
+
+
+def _arguments(sql: str, start: int) -> str | None:
+    """The text between the parenthesis just before ``start`` and its match, or None."""
+    depth = 1
+    for at in range(start, len(sql)):
+        depth += {"(": 1, ")": -1}.get(sql[at], 0)
+        if depth == 0:
+            return sql[start:at]
+    return None
+
+
 def collector_sql_problem(sql: str) -> str | None:
     """Why a collector may not run ``sql`` as its query or predicate, or None: more than
-    one statement, or a statement that is a command rather than a query."""
+    one statement, a statement that is a command rather than a query, or a call whose
+    effect outlives the collector (issue 36)."""
+    if (problem := session_call_problem(sql)) is not None:
+        return f"a session side effect: {problem}"
     if statement_count(sql, limit=2) > 1:  # no need to read on past the second one
         return (
             "several statements, where a collector runs one: a statement after the first "

@@ -100,14 +100,23 @@ async def test_through_a_transaction_pooler_no_setting_reaches_the_next_client(
 async def test_collector_sql_that_changes_a_limit_does_not_lift_the_next_ones(
     pg: LocalCluster, start: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A collector turning the statement timeout off is followed by the limits in full: the
-    next collector, of the same timeout, is still cancelled by the server (57014) when its
-    client-side deadline is out of the way (D1)."""
+    """A function of an ordinary role's that a collector calls, which turns the statement
+    timeout off for the session, holds nothing after it (issue 36: the collector runs in
+    a transaction of its own, rolled back): the next collector, of the same timeout, is
+    still cancelled by the server (57014) when its client-side deadline is out of the way
+    (D1). The collector's own set_config(..., false) is refused at load."""
     monkeypatch.setattr(Session, "client_deadline", lambda self, c: None)
-    marker = f"unset_{uuid.uuid4().hex[:8]}"
+    tag = uuid.uuid4().hex[:8]
+    marker, owner = f"unset_{tag}", f"lifter_{tag}"
+    pg.psql(
+        f"CREATE ROLE {owner}; CREATE SCHEMA {owner} AUTHORIZATION {owner}; "
+        f"GRANT USAGE ON SCHEMA {owner} TO PUBLIC; SET ROLE {owner}; "
+        f"CREATE FUNCTION {owner}.lift() RETURNS text LANGUAGE sql "
+        "AS $$ SELECT pg_catalog.set_config('statement_timeout', '0', false) $$"
+    )
     config = f"""
 rs_a_unset:
-  query: SELECT set_config('statement_timeout', '0', false) AS s, 1 AS v
+  query: SELECT {owner}.lift() AS s, 1 AS v
   timeout: 0.3
   metrics:
     - s: {{usage: LABEL, description: x}}
