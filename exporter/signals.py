@@ -7,8 +7,11 @@ the first contact with the target, they left a SIGHUP during start-up to its def
 action, which ends the process, and a signal that came while the main thread waited
 in a system call went unheard.
 
-So the four are blocked in every thread from the start of :func:`exporter.cli.main`,
-before any file is read, and a thread of their own takes them (``sigwait``).
+So the four are blocked in every thread from the first line of
+:func:`exporter.cli.main`, before any of the exporter's layers is imported (the CLI
+module imports only this one, which imports no more than the standard library's
+``logging`` and ``threading``), and a thread of their own takes them (``sigwait``). A
+signal that comes before the waiter runs stays pending and is taken then.
 
 An inherited disposition does not change what SIGTERM, SIGHUP and SIGUSR1 do (an
 ignored SIGHUP, as ``nohup`` leaves it, still reloads, as in the Go exporter). SIGINT is
@@ -33,13 +36,16 @@ a FIFO was one (:mod:`exporter.pg.libpqfiles` keeps it from happening).
 from __future__ import annotations
 
 import _thread
-import asyncio
 import contextlib
 import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # asyncio costs 60 ms to import, and this module is imported first
+    import asyncio
 
 log = logging.getLogger(__name__)
 

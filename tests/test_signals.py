@@ -1,9 +1,9 @@
 """Signals taken by a thread of their own from the first instant (issue 29): real signals
 to small Python processes whose main thread is busy, blocked in a system call or
 running a wedged event loop, started with SIGINT's default action or with it ignored
-(issue 36); ``--explain`` waiting for a login; the reload hand-over in this process.
-The exporter signalled while its first contact is held is in
-tests/integration/test_early_signals.py.
+(issue 36); the exporter signalled while its modules are still being imported, and
+``--explain`` waiting for a login; the reload hand-over in this process. The exporter
+signalled while its first contact is held is in tests/integration/test_early_signals.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 
 from exporter.signals import EXIT_DEADLINE, Signals
+from rigs.localpg import free_port
 from tests.fixtures.dispositions import default_sigint, ignored_sigint
 from tests.fixtures.helpers import COLLECTORS, terminate
+from tests.fixtures.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 MARGIN = 10.0  # seconds beyond a deadline, for a busy shared machine
@@ -202,6 +204,56 @@ def test_sigterm_ends_a_wedged_event_loop_within_the_stop_deadline() -> None:
     assert code == 0, log
     assert took < 0.5 + MARGIN
     assert "still stopping after 0.5s (a blocked thread); exiting now" in log
+
+
+# --- the exporter, signalled while its modules are imported ------------------------------
+
+# SIGHUP at the instant the exporter imports its first layer (config), sent by the
+# process to itself from an audit hook: the moment is exact, not a race with a timer.
+# The two entries: ``python -m exporter``, and the console script's and the packaged
+# launcher's ``from exporter.cli import main``.
+_SIGHUP_AT_FIRST_LAYER = """
+import os, runpy, signal, sys
+sent = []
+def hook(event, args):
+    if event == "import" and str(args[0]).startswith("exporter.config") and not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGHUP)
+sys.addaudithook(hook)
+sys.argv[1:] = {argv!r}
+"""
+_ENTRIES = {
+    "python -m exporter": "runpy.run_module('exporter', run_name='__main__', alter_sys=True)",
+    "console script": "from exporter.cli import main\nsys.exit(main())",
+}
+
+
+@pytest.mark.parametrize("entry", list(_ENTRIES))
+def test_sighup_while_the_exporter_imports_its_modules_reloads_once_serving(
+    entry: str, tmp_path: Path
+) -> None:
+    """SIGHUP while the exporter's layers are still being imported (the first ~200 ms
+    after exec) does not end the process (it once did, with 129): it stays pending
+    until the signals' thread takes it, and the exporter reloads once it serves."""
+    argv = ["-u", f"postgresql://nobody@127.0.0.1:{free_port()}/postgres", "-c", str(COLLECTORS),
+            "--web.listen-address", "127.0.0.1:0", "--no-auto-discovery"]  # fmt: skip
+    log = tmp_path / "exporter.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _SIGHUP_AT_FIRST_LAYER.format(argv=argv) + _ENTRIES[entry]],
+            cwd=REPO, stdout=sink, stderr=sink,
+            preexec_fn=default_sigint,  # noqa: PLW1509 (it only sets a disposition before exec)
+        )  # fmt: skip
+    try:
+        wait_for(
+            lambda: process.poll() is not None or "reloading for the SIGHUP" in log.read_text(),
+            "the exporter to serve and reload, or end", within=DEADLINE,
+        )  # fmt: skip
+        assert process.poll() is None, f"ended with {process.returncode}: {log.read_text()}"
+        assert "reloading for the SIGHUP that came while starting" in log.read_text()
+    finally:
+        code = terminate(process)
+    assert code == 0, log.read_text()
 
 
 @pytest.mark.parametrize(
