@@ -2,6 +2,7 @@
 
 import sys
 
+# Nothing before it: exporter.cli imports little, and main() takes the signals first.
 from exporter.cli import main
 
 sys.exit(main())

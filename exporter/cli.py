@@ -4,6 +4,11 @@
 How the command line and the environment become :class:`Settings` is
 :mod:`exporter.config.commandline`; this module decides what to run with them and the
 process's exit code.
+
+Importing it imports :mod:`exporter.signals` and the standard library only, and
+:func:`main` takes the signals before it imports anything else: the console script
+and the packaged launcher import this module first, and the exporter's layers cost
+about 200 ms to import, during which SIGHUP once ended the process (issue 36).
 """
 
 from __future__ import annotations
@@ -12,15 +17,13 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import exporter
-from exporter.config.commandline import read_settings
-from exporter.config.dryrun import render_definitions
-from exporter.config.logs import configure_logging
-from exporter.config.settings import Settings
-from exporter.config.targetsfile import Declared, load_targets
-from exporter.errors import ConfigError, InfoRequested, UsageError
 from exporter.signals import SIGNALS
+
+if TYPE_CHECKING:
+    from exporter.config.settings import Settings
+    from exporter.config.targetsfile import Declared
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,7 @@ def parse_settings(
     What the Go exporter tolerates (a malformed ``--label`` item) is skipped and
     described in ``warnings`` instead, for the caller to log.
     """
+    from exporter.config.commandline import read_settings
     from exporter.web.routes import telemetry_path_problems  # the path is checked against them
 
     found = warnings if warnings is not None else []
@@ -58,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
+    from exporter.config.logs import configure_logging
+    from exporter.errors import ConfigError, InfoRequested, UsageError
+
     warnings: list[str] = []
     try:
         settings = parse_settings(argv, os.environ, warnings)
@@ -89,7 +96,10 @@ def _clear_libpq_overrides() -> None:
 
 
 def _run(settings: Settings) -> int:
+    import exporter
+    from exporter.config.dryrun import render_definitions
     from exporter.config.loading import load_for_settings
+    from exporter.errors import UsageError
 
     where = (
         {"targets": settings.targets_file}
@@ -126,6 +136,8 @@ def _run(settings: Settings) -> int:
 
 def _declared_targets(settings: Settings) -> Declared | None:
     """The fleet's targets when a targets file is given (ConfigError lists its problems)."""
+    from exporter.config.targetsfile import load_targets
+
     if settings.targets_file is None:
         return None
     declared = load_targets(settings.targets_file, settings)

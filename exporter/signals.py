@@ -7,8 +7,20 @@ the first contact with the target, they left a SIGHUP during start-up to its def
 action, which ends the process, and a signal that came while the main thread waited
 in a system call went unheard.
 
-So the four are blocked in every thread from the start of :func:`exporter.cli.main`,
-before any file is read, and a thread of their own takes them (``sigwait``):
+So the four are blocked in every thread from the first line of
+:func:`exporter.cli.main`, before any of the exporter's layers is imported (the CLI
+module imports only this one, which imports no more than the standard library's
+``logging`` and ``threading``), and a thread of their own takes them (``sigwait``). A
+signal that comes before the waiter runs stays pending and is taken then.
+
+An inherited disposition does not change what SIGTERM, SIGHUP and SIGUSR1 do (an
+ignored SIGHUP, as ``nohup`` leaves it, still reloads, as in the Go exporter). SIGINT is
+the exception: a POSIX shell starts a script's background jobs with it ignored, so
+that Ctrl-C stops only the foreground job; inherited ignored, it stays so (blocked and
+never taken). Either way the main thread is interrupted as by SIGINT
+(KeyboardInterrupt, or ``asyncio.run`` cancelling its task): Python is given its
+default SIGINT handler while installed, which only a simulated SIGINT reaches, since
+the real one is blocked in every thread.
 
 - while starting (settings, files, the first contact), SIGTERM and SIGINT stop the
   process at once (the main thread is interrupted, and ended EXIT_DEADLINE later if
@@ -24,13 +36,16 @@ a FIFO was one (:mod:`exporter.pg.libpqfiles` keeps it from happening).
 from __future__ import annotations
 
 import _thread
-import asyncio
 import contextlib
 import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # asyncio costs 60 ms to import, and this module is imported first
+    import asyncio
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +86,8 @@ class Signals:
         self._waiter: threading.Thread | None = None
         self._closing = False
         self._mask: set[int | signal.Signals] = set()  # the main thread's, before installing
+        self._taken: frozenset[signal.Signals] = TAKEN  # without SIGINT if inherited ignored
+        self._sigint: signal._HANDLER = None  # Python's SIGINT handler before installing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: Callable[[], None] | None = None
         self._reload: Callable[[], None] | None = None
@@ -86,6 +103,11 @@ class Signals:
         # Blocked before any other thread starts, so every thread inherits the mask
         # and the waiter alone takes them.
         self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, TAKEN)
+        self._sigint = signal.getsignal(signal.SIGINT)
+        self._taken = TAKEN - {signal.SIGINT} if self._sigint == signal.SIG_IGN else TAKEN
+        # What _thread.interrupt_main() and asyncio.run act on: without it, an inherited
+        # SIG_IGN made the interruption a no-op and a stop waited EXIT_DEADLINE.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         self._closing = False
         self.stopped_by = self.pending_reload = None
         self._waiter = threading.Thread(target=self._wait, name="signals", daemon=True)
@@ -103,11 +125,14 @@ class Signals:
         if waiter is not None and waiter.ident is not None and waiter.is_alive():
             signal.pthread_kill(waiter.ident, signal.SIGUSR1)  # wakes sigwait to see _closing
             waiter.join(EXIT_DEADLINE)
+        # Ignored again before it is unblocked: a SIGINT pending meanwhile is discarded.
+        if self._sigint is not None:  # None: set outside Python, which cannot restore it
+            signal.signal(signal.SIGINT, self._sigint)
         signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
 
     def _wait(self) -> None:
         while True:
-            signum = signal.sigwait(TAKEN)
+            signum = signal.sigwait(self._taken)
             if self._closing:
                 return
             try:

@@ -32,6 +32,7 @@ from exporter.config.settings import ListenAddress, Settings
 from exporter.config.targetsfile import Declared, DeclaredTarget
 from exporter.web.reloading import Reloader, ReloadResult
 from exporter.web.webconfig import WebConfig
+from tests.fixtures.dispositions import default_sigint
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE = 30.0  # seconds; generous for a busy machine
@@ -80,6 +81,7 @@ def exporter_process(tmp_path: Path) -> Iterator[tuple[Running, Path]]:
         [sys.executable, "-m", "exporter", "--url", NOWHERE.format("postgres"),
          "--config", str(config), "--web.listen-address=127.0.0.1:0"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint,  # noqa: PLW1509 (the test stops it with SIGINT)
     )  # fmt: skip
     running = Running(popen)
     assert popen.stderr is not None

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from rigs.localpg import LocalCluster, free_port
+from tests.fixtures.dispositions import default_sigint
 from tests.fixtures.helpers import COLLECTORS, REPO, http_get, terminate
 from tests.fixtures.holdingproxy import holding_proxy
 from tests.fixtures.polling import wait_for
@@ -53,6 +54,8 @@ def held_start(pg18: LocalCluster, tmp_path: Path) -> Iterator[object]:
                      "--web.listen-address", f"127.0.0.1:{port}", "--connect-timeout", "2000",
                      "--no-auto-discovery", *extra],
                     cwd=REPO, stdout=sink, stderr=sink,
+                    # SIGINT stops it whatever pytest's disposition (its test sends one).
+                    preexec_fn=default_sigint,  # noqa: PLW1509 (it only sets a disposition)
                 )  # fmt: skip
             processes.append(process)
             wait_for(lambda: _held(pg18), "the exporter's first query to be held")
