@@ -189,7 +189,7 @@ class Server:
         in with them and is not direct (a pooler answered) gives them up for good."""
         if self.options.pgbouncer:
             return False
-        if facts.own_transaction:
+        if not facts.direct:
             if facts.login_guarded:
                 self.connections.guard_logins(self, None)
             return False

@@ -359,9 +359,15 @@ class HealthProbe:
             raise
 
     async def _query(self, conn: Conn) -> Reading:
-        cur = await conn.execute(self.sql, prepare=False)
         if self.pgbouncer:
+            await conn.execute(self.sql, prepare=False)
             return Reading(Status.PRIMARY)  # any answer from the console means it is up
+        if postgres.logged_in_guarded(conn):  # bounded by the server from login (issue 36)
+            cur = await conn.execute(self.sql, prepare=False)
+        else:  # a pooler that refused the guards at login: bounded all the same
+            cur = await conn.execute(postgres.bounded(self.sql, self.connect_timeout))
+            for _ in range(3):  # BEGIN, SET, SET: the probe's rows come next
+                cur.nextset()
         row = await cur.fetchone()
         if row is None or row[0] is not True:
             return Reading(Status.PRIMARY)

@@ -50,6 +50,26 @@ def conninfo_for(url: str, dbname: str | None, connect_timeout: float) -> str:
     return make_conninfo(url, **extra)
 
 
+#: How a transaction of ours ends (issue 36): one round trip, one server connection.
+END_OWN_TRANSACTION = "ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()"
+
+
+def logged_in_guarded(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    """Whether the connection logged in with the guards (libpq ``options``, issue 36)."""
+    return "default_transaction_read_only=on" in conn.info.get_parameters().get("options", "")
+
+
+def bounded(sql: str, seconds: float) -> str:
+    """``sql`` in a read-only transaction of its own whose statement limit is ``seconds``,
+    JIT off, rolled back, in one round trip: for a statement of ours on a connection
+    that did not log in with the guards (issue 36). Its rows are the third result."""
+    ms = max(1, int(seconds * 1000))
+    return (
+        "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; SET LOCAL jit = off; "
+        f"SET LOCAL statement_timeout = {ms}; {sql}; ROLLBACK"
+    )
+
+
 def role_of(conninfo: str) -> str:
     """The role a connection string logs in as ("" when libpq's default)."""
     return str(conninfo_to_dict(conninfo).get("user") or "")
@@ -213,9 +233,11 @@ async def settle(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
     status = conn.info.transaction_status
     try:
         # ROLLBACK, never COMMIT: our transactions write nothing, and a rollback undoes
-        # whatever a function we called set for the session (issue 36).
+        # whatever a function we called set for the session (issue 36); a session-level
+        # advisory lock it took outlives a rollback, so it is let go in the same round trip
+        # (behind a pooler the next application would otherwise find it held).
         if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-            await conn.execute("ROLLBACK")
+            await conn.execute(END_OWN_TRANSACTION, prepare=False)
         elif status != TransactionStatus.IDLE:
             return False
     except psycopg.Error:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from exporter.pg import guards as table
+from exporter.pg import postgres
 from exporter.pg.casting import Escaped
 from exporter.pg.limits import NO_GUARDS, Guards, guarded_sql, session_read_only
 from exporter.pg.searchpath import NO_PATH, PATH_COLUMNS, SearchPath
@@ -78,6 +79,7 @@ class ServerFacts:
     # whether the session logged in with them (libpq options, issue 36).
     reported: tuple[str, ...] = field(default=(), compare=False)
     login_guarded: bool = False
+    direct: bool = False  # the session is proven to reach PostgreSQL itself
 
     @property
     def product(self) -> str:
@@ -117,7 +119,7 @@ async def preflight(
     with the search_path our collectors are to run under and what the server reports for
     each guard (issue 36). A connection that did not log in with the guards asks inside a
     read-only transaction of its own with them local to it, rolled back after."""
-    guarded = logged_in_guarded(conn)
+    guarded = postgres.logged_in_guarded(conn)
     async with conn.cursor() as cur:
         if not guarded:
             await cur.execute(guarded_sql(conn.info.server_version), prepare=False)
@@ -145,6 +147,7 @@ async def preflight(
         schemas=frozenset(_strings(schemas)),
         is_main=is_main,
         own_transaction=own_transaction_reason(conn, seen),
+        direct=not not_direct_reason(conn, seen),
         search_path=path,
         guards=guards,
         may_read_plans=may_read_plans is True,
@@ -157,11 +160,6 @@ async def preflight(
         databases=tuple(n for n in names if not isinstance(n, Escaped)),
         unnamed=tuple(n for n in names if isinstance(n, Escaped)),
     )
-
-
-def logged_in_guarded(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
-    """Whether the connection logged in with the guards (libpq ``options``)."""
-    return "default_transaction_read_only" in conn.info.get_parameters().get("options", "")
 
 
 @functools.cache
@@ -202,6 +200,11 @@ def own_transaction_reason(
     """
     if session_read_only(conn) is None:
         return "the server does not report its read-only default (before PostgreSQL 14)"
+    return not_direct_reason(conn, seen)
+
+
+def not_direct_reason(conn: psycopg.AsyncConnection[tuple[object, ...]], seen: Endpoint) -> str:
+    """Why the session is not proven to reach PostgreSQL directly; "" when it is."""
     try:
         hostaddr = conn.info.hostaddr  # libpq 12+; "" over a Unix socket
     except psycopg.NotSupportedError:

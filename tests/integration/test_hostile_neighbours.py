@@ -253,6 +253,50 @@ async def test_nothing_we_prepare_reaches_an_application_sharing_the_pool(
     assert app.foreign == set(), app.foreign
 
 
+async def test_a_function_we_call_leaves_nothing_on_a_pooled_server_connection(
+    pg18: LocalCluster, shared_pool: LocalPgBouncer, start: Start
+) -> None:
+    """Issue 36, finding 4: through pgBouncer on one shared server connection, a function
+    of an ordinary role's that a collector calls sets a 1 ms statement timeout and an
+    evil search_path for the session and takes a session advisory lock; the collector's
+    transaction is rolled back and the lock let go in the same round trip, so the
+    application that gets the server connection next finds the server's defaults and no
+    lock held."""
+    database = shared_pool.databases[0]
+    tag = uuid.uuid4().hex[:8]
+    owner = f"sticky_{tag}"
+    pg18.psql(
+        f"CREATE ROLE {owner}; CREATE SCHEMA {owner} AUTHORIZATION {owner}; "
+        f"GRANT USAGE ON SCHEMA {owner} TO PUBLIC; SET ROLE {owner}; "
+        f"CREATE FUNCTION {owner}.stick() RETURNS int LANGUAGE plpgsql AS $f$ BEGIN "
+        "PERFORM pg_catalog.set_config('statement_timeout', '1', false); "
+        "PERFORM pg_catalog.set_config('search_path', 'evil', false); "
+        "PERFORM pg_catalog.pg_advisory_lock(4242); RETURN 1; END $f$",
+        dbname=database,
+    )
+    config = f"""
+st_stick:
+  query: SELECT {owner}.stick() AS v
+  timeout: 5
+  metrics:
+    - v: {{usage: GAUGE, description: x}}
+"""
+    served = await start(pg18, config, disable_cache=True, url=shared_pool.dsn(database))
+    for _ in range(3):
+        response = await get(served.port)
+        assert response.status == 200
+        assert value(response.text, "st_stick_v") == 1, response.text
+    async with await psycopg.AsyncConnection.connect(
+        shared_pool.dsn(database), autocommit=True
+    ) as conn:
+        cur = await conn.execute(
+            "SELECT current_setting('statement_timeout'), current_setting('search_path'),"
+            " (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242)",
+            prepare=False,
+        )
+        assert await cur.fetchone() == ("0", '"$user", public', 0)
+
+
 # ---------------------------------------------------------------------------------------
 # A pooler that looks direct
 

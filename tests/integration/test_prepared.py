@@ -202,7 +202,7 @@ async def test_prepared_plans_are_capped_and_their_memory_is_shown(
     and the self-metrics show how many and, read from the backend's memory contexts when
     the path is searched again, what their plans hold (issue 31)."""
     monkeypatch.setattr("exporter.pg.prepared.MAX_PREPARED", 2)
-    monkeypatch.setattr("exporter.collect.server.PATH_RECHECK", 0.0)  # read at every pass
+    monkeypatch.setattr("exporter.collect.server.PLAN_MEMORY_PERIOD", 0.0)  # at every pass
     text = "".join(_collector(f"pc_{i}", f"SELECT {i} AS v /* pc_{i} */") for i in range(4))
     served = await start(pg, text, disable_cache=True)
     for _ in range(4):
