@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from exporter.collect.breaker import (
+    DATABASE_LIMIT,
     Breaker,
     BreakerPolicy,
     BreakerState,
@@ -16,6 +17,7 @@ from exporter.collect.breaker import (
     distress_of,
     is_shed,
     judge,
+    judge_pass,
     shed_cut,
 )
 from exporter.collect.budget import Interruption
@@ -107,6 +109,33 @@ def test_a_connection_refusal_is_distress_whatever_else_the_pass_did() -> None:
     tally = PassTally(distress="too many connections (53300)")
     verdict, reason = judge(tally, interrupted=Interruption.CLIENT, policy=POLICY, ran_for=1.0)
     assert (verdict, reason) == (Verdict.DISTRESSED, "too many connections (53300)")
+
+
+def _pass(main: PassTally, *others: PassTally) -> Verdict:
+    """The verdict on a whole pass over the main database and ``others``."""
+    return judge_pass(main, others, interrupted=None, policy=POLICY, ran_for=0.1)[0]
+
+
+def test_a_discovered_database_whose_collectors_time_out_is_no_distress() -> None:
+    """Issue 36: a discovered database's collectors timing out say nothing of the server
+    (they back off, D15), however many; the main database's part is judged, and any
+    database's runs count as health."""
+    stalled = PassTally(executed=8, timeouts=8)
+    assert _pass(PassTally(executed=1), stalled) is Verdict.HEALTHY
+    assert _pass(PassTally(), stalled) is Verdict.HEALTHY
+    assert _pass(PassTally(executed=2, timeouts=2), PassTally(executed=9)) is Verdict.DISTRESSED
+    assert _pass(PassTally(), PassTally()) is Verdict.NEUTRAL
+
+
+def test_a_discovered_database_refused_by_its_own_limit_is_no_distress() -> None:
+    """Issue 36: a database owner's CONNECTION LIMIT refuses that database alone; a refusal
+    of the server's connections, by whichever database saw it, is the server's distress."""
+    own = distress_of(psycopg.OperationalError('FATAL:  too many connections for database "t"'))
+    assert own == DATABASE_LIMIT
+    assert _pass(PassTally(executed=3), PassTally(distress=own)) is Verdict.HEALTHY
+    assert _pass(PassTally(distress=own)) is Verdict.DISTRESSED  # the main database's own
+    full = distress_of(psycopg.OperationalError("FATAL:  sorry, too many clients already"))
+    assert _pass(PassTally(executed=3), PassTally(distress=full)) is Verdict.DISTRESSED
 
 
 # --- states ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,10 @@ from exporter.collect.budget import Budget, Interruption
 from exporter.collect.exporter import Exporter, _acquire_within, _report_orphan_failure
 from exporter.collect.gate import Gate
 from exporter.collect.passes import Snapshot
+from exporter.config.commandline import read_settings
 from exporter.config.definitions import Collector, Definitions
 from exporter.config.settings import Settings
+from exporter.config.targetsfile import load_targets
 
 URL = "postgresql://127.0.0.1:1/main"  # never connected to by these tests
 SHORT = 0.05  # seconds: a budget that runs out while a held lock is awaited
@@ -211,3 +214,38 @@ async def test_a_pass_that_fails_after_its_request_left_is_logged(
         for task in (failed, done, cancelled):
             _report_orphan_failure(task)
     assert [r.getMessage() for r in caplog.records] == ["collection pass failed: boom"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "budget_ms"),
+    [
+        ([], {}, 200.0),
+        (["--disable-cache"], {}, 0.0),
+        (["--disable-cache", "--server-time-budget", "200"], {}, 200.0),
+        (["-C"], {"PG_EXPORTER_SERVER_TIME_BUDGET": "50"}, 50.0),
+        ([], {"PG_EXPORTER_DISABLE_CACHE": "true"}, 0.0),
+    ],
+)
+def test_disable_cache_has_no_server_time_budget_unless_one_is_given(
+    argv: list[str], environ: dict[str, str], budget_ms: float
+) -> None:
+    """Issue 36: --disable-cache keeps the Go exporter's meaning, every collector at every
+    pass, unless a budget is given by flag or variable; without it the default applies."""
+    argv = ["--url", URL, "--config", "collectors", *argv]
+    settings = read_settings(argv, environ, [], lambda path: [])
+    exporter = Exporter(settings, Definitions(()), random=lambda: 0.5)
+    assert exporter.server_time.budget * 1000 == budget_ms
+    if not budget_ms and settings.disable_cache:
+        assert "--disable-cache" in exporter.server_time.describe(0.0)
+
+
+def test_a_targets_file_budget_is_given_under_disable_cache(tmp_path: Path) -> None:
+    """Issue 36: ``server_time_budget`` in a targets file is given, as a flag is."""
+    path = tmp_path / "targets.yml"
+    path.write_text(
+        f"defaults: {{server_time_budget: 80}}\ntargets:\n  - {{name: a, url: '{URL}'}}\n"
+    )
+    base = Settings(url=URL, disable_cache=True)
+    (target,) = load_targets(str(path), base, {}).targets
+    assert Exporter(target.settings, Definitions(())).server_time.budget == pytest.approx(0.08)
+    assert Exporter(base, Definitions(())).server_time.budget == 0.0

@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
-from exporter.collect.breaker import Breaker, BreakerPolicy, BreakerState, PassTally
+from exporter.collect.breaker import Breaker, BreakerPolicy, BreakerState
 from exporter.collect.budget import Budget, Interruption
 from exporter.collect.databases import Databases
-from exporter.collect.passes import CollectionPass, PassStats, Snapshot
+from exporter.collect.passes import CollectionPass, PassStats, Snapshot, databases_budget
 from exporter.collect.seriescap import Part, SeriesCap
 from exporter.collect.server import ServerResult
 from exporter.config.definitions import Collector, Definitions
@@ -65,23 +65,19 @@ async def test_a_pass_whose_client_left_is_neither_an_error_nor_distress() -> No
     assert (walk.stats.scrapes, walk.stats.errors, walk.breaker.streak) == (1, 0, 0)
 
 
-def test_merging_keeps_run_order_the_first_interruption_and_adds_the_tallies() -> None:
-    """Each database's parts follow the previous ones; the first interruption stands; the
-    breaker's tally adds up; a database with an error makes the pass failed."""
-    snapshot, tally, parts = Snapshot(families=[]), PassTally(), list[Part]()
-    first = ServerResult(parts=[Part(COLLECTOR, (_family("x"),))],
-                         tally=PassTally(executed=2, timeouts=1, shed=["s"]))  # fmt: skip
+def test_merging_keeps_run_order_and_the_first_interruption() -> None:
+    """Each database's parts follow the previous ones; the first interruption stands; a
+    database with an error makes the pass failed (the tallies are judged apart, D16)."""
+    snapshot, parts = Snapshot(families=[]), list[Part]()
+    first = ServerResult(parts=[Part(COLLECTOR, (_family("x"),))])
     second = ServerResult(parts=[Part(COLLECTOR, (_family("y"),))], error="database b: down",
-                          interrupted=Interruption.CLIENT,
-                          tally=PassTally(executed=1, distress="too many connections"))  # fmt: skip
+                          interrupted=Interruption.CLIENT)  # fmt: skip
     third = ServerResult(interrupted=Interruption.BUDGET)
-    assert not CollectionPass._merge(first, snapshot, tally, parts)
-    assert CollectionPass._merge(second, snapshot, tally, parts)
-    assert not CollectionPass._merge(third, snapshot, tally, parts)
+    assert not CollectionPass._merge(first, snapshot, parts)
+    assert CollectionPass._merge(second, snapshot, parts)
+    assert not CollectionPass._merge(third, snapshot, parts)
     assert [f.name for part in parts for f in part.families] == ["x", "y"]
     assert snapshot.interrupted is Interruption.CLIENT
-    assert (tally.executed, tally.timeouts, tally.shed) == (3, 1, ["s"])
-    assert tally.distress == "too many connections"
 
 
 def test_a_degraded_breaker_sheds_its_level_until_its_cool_down_ends_then_probes() -> None:
@@ -118,3 +114,18 @@ def test_only_a_failed_pass_that_was_not_interrupted_counts_as_an_error(
     walk._account(start, failed=False, interrupted=None)
     assert (walk.stats.scrapes, walk.stats.errors) == (3, 1)
     assert walk.stats.last_scrape_time > 0  # wall clock, for people
+
+
+def test_the_discovered_databases_deadline_keeps_a_tenth_of_the_budget_to_answer() -> None:
+    """Issue 36: the discovered databases' parts end a tenth of the budget the pass found
+    before the request's deadline; the client and the request's end are the request's."""
+    clock = FakeClock()
+    request = Budget.starting_now(10.0, clock=clock)
+    clock.advance(2.0)
+    theirs = databases_budget(request, clock.now)
+    assert theirs.remaining() == pytest.approx(7.2)
+    assert theirs.ended is request.ended
+    clock.advance(7.2)
+    assert (theirs.interruption(), request.interruption()) == (Interruption.BUDGET, None)
+    request.ended.set()
+    assert theirs.interruption() is Interruption.CLIENT

@@ -34,6 +34,9 @@ _DISTRESS_TEXTS = {
     "the database system is not yet accepting connections": "57P03",
     "the database system is not accepting connections": "57P03",
 }
+#: A refusal by one database's own CONNECTION LIMIT, which its owner sets: that database's
+#: trouble, not the server's (issue 36).
+DATABASE_LIMIT = "too many connections for that database (53300)"
 COOL_DOWN_JITTER = 0.2  # a cool-down ends up to this fraction early (D17)
 
 
@@ -78,16 +81,11 @@ class PassTally:
     shed: list[str] = field(default_factory=list)  # branch keys left out
     distress: str = ""  # a connection refusal that signals distress
 
-    def add(self, other: PassTally) -> None:
-        """Fold another database's tally into this one."""
-        self.executed += other.executed
-        self.timeouts += other.timeouts
-        self.shed.extend(other.shed)
-        self.distress = self.distress or other.distress
-
 
 def distress_of(exc: BaseException) -> str:
     """The distress a connection or preflight error signals, or '' for any other error."""
+    if "too many connections for database" in str(exc).lower():
+        return DATABASE_LIMIT
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate in DISTRESS_SQLSTATES:
         return DISTRESS_SQLSTATES[sqlstate]
@@ -112,6 +110,27 @@ def judge(
     if tally.timeouts >= policy.min_timeouts and 2 * tally.timeouts >= tally.executed:
         return Verdict.DISTRESSED, f"{tally.timeouts} of {tally.executed} collectors timed out"
     return (Verdict.HEALTHY if tally.executed else Verdict.NEUTRAL), ""
+
+
+def judge_pass(
+    main: PassTally,
+    others: Sequence[PassTally],
+    *,
+    interrupted: Interruption | None,
+    policy: BreakerPolicy,
+    ran_for: float,
+) -> tuple[Verdict, str]:
+    """The verdict on a pass from the main database's part (:func:`judge`), whose trouble
+    is the target's. A discovered database's is its own (issue 36): its collectors timing
+    out and its own connection limit say nothing of the server (its collectors back off,
+    D15), so they never shed another database's collectors; a refusal of the server's
+    connections, by whichever database saw it, does. Any database's runs count as health."""
+    server_wide = (t.distress for t in others if t.distress and t.distress != DATABASE_LIMIT)
+    tally = PassTally(main.executed, main.timeouts, distress=main.distress or next(server_wide, ""))
+    verdict, reason = judge(tally, interrupted=interrupted, policy=policy, ran_for=ran_for)
+    if verdict is Verdict.NEUTRAL and interrupted is None and any(t.executed for t in others):
+        return Verdict.HEALTHY, ""
+    return verdict, reason
 
 
 def shed_cut(planned: Sequence[Collector], level: int, levels: int) -> tuple[int, str] | None:

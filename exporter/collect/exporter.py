@@ -47,6 +47,13 @@ async def _acquire_within(lock: asyncio.Lock, seconds: float) -> bool:
     return True
 
 
+def _budget_off(settings: Settings) -> str:
+    """Why there is no server-time budget, as ``/explain`` says it."""
+    if settings.server_time_budget is None and settings.disable_cache:
+        return "--disable-cache, and no --server-time-budget given"
+    return "--server-time-budget 0"
+
+
 def _report_orphan_failure(task: asyncio.Task[Snapshot]) -> None:
     """Log a pass that failed after its request had gone, so the error is not lost."""
     if not task.cancelled() and (exc := task.exception()) is not None:
@@ -77,7 +84,8 @@ class Exporter:
         self.main = self.databases.main
         self.breaker = Breaker(policy or BreakerPolicy(), random)  # the target's (D16)
         self.series_cap = SeriesCap(settings.max_total_series)  # exposition-wide
-        self.server_time = ServerTimeBudget(settings.server_time_budget, random=random)
+        self.server_time = ServerTimeBudget(settings.effective_server_time_budget(),
+                                            random=random, off=_budget_off(settings))  # fmt: skip
         self.lock = asyncio.Lock()
         self.stats = PassStats()
         self.pending: Definitions | None = None  # reloaded, waiting for the next pass

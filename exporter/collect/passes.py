@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from exporter.collect.breaker import Breaker, BreakerState, PassTally, Shedding, is_shed, judge
+from exporter.collect.breaker import Breaker, BreakerState, Shedding, is_shed, judge_pass
 from exporter.collect.budget import Budget, Interruption
 from exporter.collect.databases import Databases
 from exporter.collect.seriescap import Part, SeriesCap
@@ -24,6 +24,19 @@ from exporter.collect.servertime import ServerTimeBudget
 from exporter.expose.exposition import Family
 
 log = logging.getLogger(__name__)
+
+#: The share of a request's budget, as the pass found it, kept back from the discovered
+#: databases: a database that has not answered when the rest is gone is left out, and
+#: the others are answered in the time kept (issue 36).
+ANSWER_RESERVE = 0.1
+
+
+def databases_budget(budget: Budget, start: float) -> Budget:
+    """The request's budget less :data:`ANSWER_RESERVE` of what was left at ``start``:
+    the deadline of every discovered database's part of the pass. The client and the
+    request's end are the request's own, so B9-B12 hold as they do for the request."""
+    reserve = ANSWER_RESERVE * max(0.0, budget.deadline - start)
+    return replace(budget, deadline=budget.deadline - reserve)
 
 
 @dataclass(slots=True)
@@ -45,6 +58,35 @@ class Snapshot:
     interrupted: Interruption | None = None
     shared: bool = False  # True when the request waited for another's pass
     waited: float = 0.0  # seconds spent waiting for the collection lock
+
+
+@dataclass(slots=True, eq=False)
+class Walk:
+    """One database's part of a pass: its task, and whether its preflight has answered."""
+
+    server: Server
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # its preflight is done
+    task: asyncio.Task[ServerResult] | None = None
+
+    def start(
+        self, group: asyncio.TaskGroup, slots: asyncio.Semaphore, budget: Budget,
+        shedding: Shedding,
+    ) -> None:  # fmt: skip
+        """Walk the database once a slot is free. Each checks the request before it
+        connects and before each collector (B10), so once ``budget`` is spent or the client
+        gone, the walks still waiting start nothing."""
+        self.task = group.create_task(self._walk(slots, budget, shedding))
+
+    async def _walk(
+        self, slots: asyncio.Semaphore, budget: Budget, shedding: Shedding
+    ) -> ServerResult:
+        async with slots:
+            return await self.server.scrape(budget, shedding, self.ready)
+
+    def result(self) -> ServerResult:
+        """What the walk produced (once the pass's task group has ended)."""
+        assert self.task is not None
+        return self.task.result()
 
 
 class CollectionPass:
@@ -76,52 +118,51 @@ class CollectionPass:
         """Walk every database, publish what fits the series cap, judge the pass (D16)."""
         start = self.clock()
         snapshot = Snapshot(families=[])
-        tally = PassTally()
         shedding = self._shedding()
         self.server_time.begin(start, self.databases.servers, shedding)  # after the breaker
         parts: list[Part] = []
         slots = asyncio.Semaphore(self.width)  # databases walked at once, the main one too
-        ready = asyncio.Event()  # the main database's preflight is done
+        main = Walk(self.databases.main)
         async with asyncio.TaskGroup() as group:
-            main = group.create_task(self._one(self.databases.main, slots, budget, shedding, ready))
+            main.start(group, slots, budget, shedding)
             others = await self._discover_meanwhile(
-                group, main, ready, slots=slots, budget=budget, shedding=shedding
+                group, main, slots=slots, budget=databases_budget(budget, start), shedding=shedding
             )
-        failed = self._merge(main.result(), snapshot, tally, parts)
+        results = [main.result(), *(self._cut_short(other, budget) for other in others)]
+        failed = self._merge(results[0], snapshot, parts)
         # Other databases count only beside a main database that is up: a fatal collector
         # there makes the target down, whatever they produced meanwhile.
-        for other in others if self.databases.main.up else ():
-            failed |= self._merge(other.result(), snapshot, tally, parts)
-        results = [main.result(), *(other.result() for other in others)]
-        self.server_time.record(start, sum(r.server_time for r in results),
-                                sum(r.preflight_time for r in results))  # fmt: skip
+        for result in results[1:] if self.databases.main.up else ():
+            failed |= self._merge(result, snapshot, parts)
+        self._measure(start, [main, *others])
         snapshot.families = self.series_cap.apply(parts)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
         snapshot.interrupted = snapshot.interrupted or budget.interruption()
         self._account(start, failed=failed, interrupted=snapshot.interrupted)
-        self._judge(tally, snapshot.interrupted, ran_for=self.clock() - start)
+        self._judge(results, snapshot.interrupted, ran_for=self.clock() - start)
         return snapshot
 
     async def _discover_meanwhile(
         self,
         group: asyncio.TaskGroup,
-        main: asyncio.Task[ServerResult],
-        ready: asyncio.Event,
+        main: Walk,
         *,
         slots: asyncio.Semaphore,
         budget: Budget,
         shedding: Shedding,
-    ) -> list[asyncio.Task[ServerResult]]:
+    ) -> list[Walk]:
         """Once the main database's preflight has named the databases, start walking the
-        others beside its collectors (issue 22), within the same ``slots``; none when the
-        main database could not be reached or the request ended first."""
-        waiting = asyncio.ensure_future(ready.wait())
+        others beside its collectors (issue 22), within the same ``slots`` and under
+        ``budget``, theirs; none when the main database could not be reached or the
+        request ended first."""
+        assert main.task is not None
+        waiting = asyncio.ensure_future(main.ready.wait())
         try:
-            await asyncio.wait((main, waiting), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((main.task, waiting), return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiting.cancel()
-        if not ready.is_set() or budget.interruption() is not None:
+        if not main.ready.is_set() or budget.interruption() is not None:
             return []
         if self.recovery_seen is not None and self.databases.main.facts is not None:
             self.recovery_seen(self.databases.main.facts.in_recovery)  # read by this pass
@@ -129,33 +170,61 @@ class CollectionPass:
         # Other databases are cut in the main plan's run order (D16).
         reference = self.databases.main.plan.planned if self.databases.main.plan else None
         shedding = replace(shedding, reference=reference)
-        return [
-            group.create_task(self._one(server, slots, budget, shedding))
-            for server in self.databases.servers[1:]
-        ]
+        others = [Walk(server) for server in self.databases.servers[1:]]
+        for other in others:
+            other.start(group, slots, budget, shedding)
+        return others
+
+    def _cut_short(self, walk: Walk, budget: Budget) -> ServerResult:
+        """A discovered database's result; one whose own deadline passed while the request
+        still had time is left out of this answer, alone (issue 36): the others are
+        answered, its statements in flight were cancelled (B9, B12) or ended by their own
+        timeout (B11). Counted as its failure; logged when it starts and when it ends."""
+        result, server = walk.result(), walk.server
+        cut = result.interrupted is Interruption.BUDGET and budget.interruption() is None
+        if cut:
+            result.interrupted = None
+            result.error = result.error or (
+                f"database {server.label}: no answer within its part of the scrape's budget; "
+                "left out of this answer"
+            )
+            server.error_count += 1
+            server.up = server.up and walk.ready.is_set()  # connect afresh next time
+        if cut != server.cut_short:
+            self._log_cut(server.label, cut=cut)
+        server.cut_short = cut
+        return result
 
     @staticmethod
-    async def _one(
-        server: Server,
-        slots: asyncio.Semaphore,
-        budget: Budget,
-        shedding: Shedding,
-        ready: asyncio.Event | None = None,
-    ) -> ServerResult:
-        """One database's part of the pass, once a slot is free. Each checks the request
-        before it connects and before each collector (B10), so once the budget is spent or
-        the client gone, the walks still waiting start nothing."""
-        async with slots:
-            return await server.scrape(budget, shedding, ready)
+    def _log_cut(datname: str, *, cut: bool) -> None:
+        if cut:
+            log.warning(
+                "database did not answer within its part of the scrape's budget: left out "
+                "of the answers until it does, the other databases answered without it",
+                extra={"datname": datname},
+            )
+        else:
+            log.info("database answers again within the scrape's budget",
+                     extra={"datname": datname})  # fmt: skip
+
+    def _measure(self, start: float, walks: Sequence[Walk]) -> None:
+        """Tell the server-time budget what the pass's statements took (issue 31). A
+        preflight that did not complete (its database gave no answer: a lock, a stall, a
+        refusal) is not counted: it measured a wait, not the server's work, and no stretch
+        of any database's collectors would save it (issue 36)."""
+        spent = overhead = 0.0
+        for walk in walks:
+            result = walk.result()
+            counted = result.preflight_time if walk.ready.is_set() else 0.0
+            spent += result.server_time - result.preflight_time + counted
+            overhead += counted
+        self.server_time.record(start, spent, overhead)
 
     @staticmethod
-    def _merge(
-        result: ServerResult, snapshot: Snapshot, tally: PassTally, parts: list[Part]
-    ) -> bool:
+    def _merge(result: ServerResult, snapshot: Snapshot, parts: list[Part]) -> bool:
         """Add one database's collector results to ``parts``; True when it failed."""
         parts.extend(result.parts)
         snapshot.interrupted = snapshot.interrupted or result.interrupted
-        tally.add(result.tally)
         return bool(result.error)
 
     def _shedding(self) -> Shedding:
@@ -164,10 +233,14 @@ class CollectionPass:
             self._log_breaker()
         return Shedding(self.breaker.level, self.breaker.policy.levels)
 
-    def _judge(self, tally: PassTally, interrupted: Interruption | None, *, ran_for: float) -> None:
-        """Tell the breaker what the pass showed; log a change of state once (D16)."""
-        policy = self.breaker.policy
-        verdict, reason = judge(tally, interrupted=interrupted, policy=policy, ran_for=ran_for)
+    def _judge(
+        self, results: Sequence[ServerResult], interrupted: Interruption | None, *, ran_for: float
+    ) -> None:
+        """Tell the breaker what the pass showed, the main database's part first; log a
+        change of state once (D16)."""
+        main, *others = (result.tally for result in results)
+        verdict, reason = judge_pass(main, others, interrupted=interrupted,
+                                     policy=self.breaker.policy, ran_for=ran_for)  # fmt: skip
         if self.breaker.observe(verdict, reason, self.clock()):
             self._log_breaker()
 

@@ -105,6 +105,7 @@ class Server:
         # Each planned collector's cache, statistics, back-off and predicate answers.
         self.runtimes: dict[str, CollectorRuntime] = {}
         self.up = False
+        self.cut_short = False  # its part of the last pass outran its deadline (issue 36)
         self.scrape_count = 0
         self.error_count = 0
         self.total_seconds = 0.0

@@ -193,9 +193,14 @@ class ServerTimeBudget:
     """One target's server-time budget: the meter, and the plan that keeps within it."""
 
     def __init__(
-        self, budget_ms: float, window: float = WINDOW, random: Random = _random.random
+        self,
+        budget_ms: float,
+        window: float = WINDOW,
+        random: Random = _random.random,
+        off: str = "--server-time-budget 0",
     ) -> None:
         self.budget = max(0.0, budget_ms) / 1000.0  # seconds of server time per second
+        self.off = off  # why there is none, when there is none
         self.random = random  # where a newly stretched collector's first period ends
         self.meter = ServerTimeMeter(window)
         self.plan: dict[Key, float] = {}
@@ -333,7 +338,7 @@ class ServerTimeBudget:
 
     def describe(self, now: float) -> str:
         """The budget and what keeps to it, in one line, for the log and ``/explain``."""
-        head = f"{self.budget * 1000:g} ms/s" if self.enabled else "none (--server-time-budget 0)"
+        head = f"{self.budget * 1000:g} ms/s" if self.enabled else f"none ({self.off})"
         rate = self.meter.rate(now)
         if not self.decided:
             return f"{head}, not measured yet: it acts after {SETTLE:g}s of passes"

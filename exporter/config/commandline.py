@@ -74,12 +74,7 @@ def _settings(src: _Source, url: str, path_problems: PathProblems) -> Settings:
         connect_timeout=_connect_timeout(src),
         max_series=_whole(src, "max-series", defaults.DEFAULT_MAX_SERIES, rules.MAX_SERIES),
         backoff_ceiling=_backoff_ceiling(src),
-        server_time_budget=_amount(
-            src,
-            "server-time-budget",
-            defaults.DEFAULT_SERVER_TIME_BUDGET_MS,
-            rules.SERVER_TIME_BUDGET_MS,
-        ),
+        server_time_budget=_given_amount(src, "server-time-budget", rules.SERVER_TIME_BUDGET_MS),
         max_connections=_whole(
             src, "max-connections", defaults.DEFAULT_MAX_CONNECTIONS, rules.MAX_CONNECTIONS
         ),
@@ -273,11 +268,12 @@ def _optional_whole(src: _Source, name: str, rule: rules.Whole) -> int | None:
     return _whole(src, name, 0, rule) if src.lookup(name) is not None else None
 
 
-def _amount(src: _Source, name: str, default: float, rule: rules.Amount) -> float:
-    """A number in ``rule``'s range; the error names the flag or variable and the range."""
+def _given_amount(src: _Source, name: str, rule: rules.Amount) -> float | None:
+    """A number in ``rule``'s range, None when neither flag nor variable gives one; the
+    error names the flag or variable and the range."""
     found = src.lookup(name)
     if found is None:
-        return default
+        return None
     text, origin = found
     value = rules.number(text)
     if value is None or not rule.holds(value):

@@ -110,7 +110,7 @@ FLAGS = (
          "Most milliseconds of server time a second the exporter's statements may take, "
          "averaged over 5 minutes: over it, the costliest of the least important collectors "
          "are refreshed less often, never beyond their back-off ceiling, never a fatal one. "
-         "0: no budget."),
+         "0: no budget. With --disable-cache there is none unless this is given."),
     Flag("max-connections",     "",  _ENV + "MAX_CONNECTIONS", _V, "N",
          str(defaults.DEFAULT_MAX_CONNECTIONS),
          "Most connections the exporter holds to its target at once, the health probe's "

@@ -78,7 +78,8 @@ class Settings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # to the target at once, the probe's included
     parallel_databases: int = DEFAULT_PARALLEL_DATABASES  # at most the databases' connections
     max_total_series: int = DEFAULT_MAX_TOTAL_SERIES  # one pass, every collector; 0: no limit
-    server_time_budget: float = DEFAULT_SERVER_TIME_BUDGET_MS  # ms a second; 0: none
+    # ms a second, 0: none; None: not given, so the default, or none under --disable-cache
+    server_time_budget: float | None = None
     targets_file: str | None = None  # fleet mode: the declared targets (docs/fleet.md)
     max_concurrent_targets: int = DEFAULT_MAX_CONCURRENT_TARGETS  # fleet mode: passes at once
     server_max_connections: int | None = None  # per server; None: the default (see below)
@@ -108,6 +109,14 @@ class Settings:
         if self.server_max_connections is not None:
             return self.server_max_connections
         return max(DEFAULT_SERVER_MAX_CONNECTIONS, self.max_connections)
+
+    def effective_server_time_budget(self) -> float:
+        """Milliseconds of server time a second (0: none): as given, else the default;
+        under --disable-cache none unless given, which keeps the Go exporter's meaning of
+        that flag (every collector at every pass) unless the operator asks for both."""
+        if self.server_time_budget is not None:
+            return self.server_time_budget
+        return 0.0 if self.disable_cache else DEFAULT_SERVER_TIME_BUDGET_MS
 
     def effective_namespace(self) -> str:
         """Namespace of the self-metrics."""

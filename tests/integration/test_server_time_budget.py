@@ -258,3 +258,33 @@ def _visible(exporter: Exporter, promtool: str) -> None:
     assert unexpected_problems(promtool, metrics.encode()) == []  # the names lint clean
     total = value(metrics, "pg_exporter_server_time_seconds_total")
     assert total == pytest.approx(exporter.server_time.meter.total)
+
+
+async def test_disable_cache_runs_every_collector_at_every_pass_unless_a_budget_is_given(
+    pg18: LocalCluster, tmp_path: Path
+) -> None:
+    """Issue 36: under --disable-cache the default budget is none, so collectors that would
+    take twice the default run at every pass, past the budget's settling time, as the Go
+    exporter runs them; the same budget given explicitly stretches the expensive one."""
+    clock = SteppedClock()
+    given = {"default": None, "asked": DEFAULT_SERVER_TIME_BUDGET_MS}
+    runs = {
+        name: Run(_exporter(pg18, tmp_path, uuid.uuid4().hex[:8], clock, disable_cache=True,
+                            **({} if ms is None else {"server_time_budget": ms})), clock)
+        for name, ms in given.items()
+    }  # fmt: skip
+    default, asked = runs.values()
+    try:
+        while default.exporter.server_time.meter.seen(clock()) < 40.0:  # SETTLE is 30 s
+            for run in runs.values():
+                await run.step()
+            clock.advance(0.2)  # passes about 0.45 s apart: the collectors take ~450 ms/s
+        assert default.exporter.server_time.demand * 1000 > 1.5 * DEFAULT_SERVER_TIME_BUDGET_MS
+        assert not default.exporter.server_time.stretched
+        assert len(default.dear_runs) == default.exporter.stats.scrapes
+        assert {stretch for _, stretch in default.dear_stretches} == {0.0}
+        assert ("postgres", "dear") in asked.exporter.server_time.stretched
+        assert len(asked.dear_runs) < asked.exporter.stats.scrapes
+    finally:
+        for run in runs.values():
+            await run.exporter.close()
