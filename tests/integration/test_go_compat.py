@@ -25,6 +25,7 @@ from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import MAJORS, LocalCluster
 from tests.fixtures.gocompat import (
     CHANGES_FILE,
+    WITH_STATEMENTS,
     Row,
     applicable,
     coverage,
@@ -122,7 +123,8 @@ def test_go_metrics_planned_at_version_bounds(version: int, in_recovery: bool) -
     """Planning alone on each major's first release (x.0; the servers above run the latest
     minor) covers every applicable Go row."""
     facts = ServerFacts(version, in_recovery, "postgres", MONITOR,
-                        extensions=frozenset({"pg_stat_statements"}))  # fmt: skip
+                        extensions=frozenset({"pg_stat_statements"}),
+                        search_path=WITH_STATEMENTS)  # fmt: skip
     rows = applicable(load_rows(), facts)
     assert gaps(rows, offers(_definitions(), facts)) == []
 

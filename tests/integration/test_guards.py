@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import psycopg
 import pytest
 
 from exporter.pg import guards
@@ -268,3 +269,53 @@ def test_every_setting_an_owner_may_set_is_pinned_or_said_not_to_be(
     known = set(every_pg.psql("SELECT name FROM pg_settings").split())
     lower = {name.lower() for name in known}
     assert [n for n in guards.names(version) if n.lower() not in lower] == []
+
+
+_WAITING = """
+w_read:
+  query: >-
+    SELECT pg_catalog.current_setting('transaction_isolation') AS isolation,
+           pg_catalog.current_setting('transaction_deferrable') AS deferrable, 1 AS v
+  timeout: 2
+  metrics:
+    - isolation: {usage: LABEL, description: x}
+    - deferrable: {usage: LABEL, description: x}
+    - v: {usage: GAUGE, description: x}
+"""
+
+
+async def test_an_owners_serializable_defaults_never_make_us_wait(
+    pg: LocalCluster, start: Start
+) -> None:
+    """Finding 2: a database whose owner made every transaction serializable, deferrable
+    and read only, while one of their serializable read-write transactions stays open:
+    a deferrable read-only transaction would wait for a safe snapshot until it ends. Ours
+    are read committed and not deferrable from login, so every scrape is answered at once
+    with the collector's rows."""
+    tag = uuid.uuid4().hex[:8]
+    tenant, monitor, database = f"ser_{tag}", f"sermon_{tag}", f"serdb_{tag}"
+    pg.psql(
+        f"CREATE ROLE {tenant} LOGIN NOSUPERUSER; "
+        f"CREATE ROLE {monitor} LOGIN NOSUPERUSER IN ROLE pg_monitor; "
+        f"CREATE DATABASE {database} OWNER {tenant};"
+    )
+    for name, setting in (("default_transaction_isolation", "serializable"),
+                          ("default_transaction_deferrable", "on"),
+                          ("default_transaction_read_only", "on")):  # fmt: skip
+        pg.psql(f"ALTER DATABASE {database} SET {name} = '{setting}'")
+    holder = await psycopg.AsyncConnection.connect(pg.dsn(database, user=tenant))
+    try:
+        await holder.execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE")
+        await holder.execute("SELECT count(*) FROM pg_catalog.pg_class")
+        served = await start(pg, _WAITING, disable_cache=True,
+                             url=pg.dsn(database, user=monitor))  # fmt: skip
+        for _ in range(3):
+            response = await get(served.port)
+            assert response.status == 200, response.text
+            assert value(response.text, "w_read_v", isolation="read committed",
+                         deferrable="off") == 1, response.text  # fmt: skip
+    finally:
+        await holder.close()
+        with contextlib.suppress(Exception):
+            pg.psql(f"DROP DATABASE {database} WITH (FORCE); DROP ROLE {tenant}; "
+                    f"DROP ROLE {monitor}")  # fmt: skip
