@@ -9,7 +9,9 @@ statements there. Knows nothing of collectors' caches, passes or HTTP.
 - ``connections``: the ceiling on connections to one target, and its logins.
 - ``preflight``: what a server is (:class:`preflight.ServerFacts`), read in one
   round trip before the collectors.
-- ``limits``: a collector's server-side limits and guards, as SQL text.
+- ``guards``: the table of what every session of ours runs under, and what is not
+  pinned; the login options and the reading derived from it.
+- ``limits``: a collector's server-side limits and the guards, as SQL text.
 - ``searchpath``: the ``search_path`` our sessions run under.
 - ``prepared``: collector queries prepared once per connection.
 - ``casting``: a column's cells as sample values or label text, as Go casts them.
