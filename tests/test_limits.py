@@ -73,7 +73,7 @@ def test_a_transaction_of_its_own_carries_every_guard_and_limit() -> None:
     in one statement of pg_catalog.set_config calls."""
     sql = limits_sql(Limits.of(None, PG15))
     assert sql.startswith(
-        "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; "
+        "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; SET LOCAL jit = off; "
         "SELECT pg_catalog.set_config("
     )
     assert "pg_catalog.set_config('lock_timeout', E'1000', true)" in sql
@@ -85,13 +85,21 @@ def test_a_transaction_of_its_own_carries_every_guard_and_limit() -> None:
 
 
 def test_session_settings_are_sent_whole_once_then_only_where_they_differ() -> None:
-    """Issue 22: a new session gets the collector's limits (the guards came with the
-    login, issue 36); the next collector only what differs, nothing when nothing does."""
+    """Issue 22: a new session gets the collector's limits and the guards its login did
+    not carry (issue 36: a first login carries those every major has); the next
+    collector only what differs, nothing when nothing does."""
     short, long = Limits.of(1.0, PG18), Limits.of(4.0, PG18)
-    first = session_sql(short, None)
+    every = frozenset(name for name, _ in short.guards)
+    first = session_sql(short, None, every)
     assert first.startswith("SELECT pg_catalog.set_config('search_path', ")
     assert "default_transaction_read_only" not in first
     assert first.count("set_config(") == len(short.settings)
+    lacking = session_sql(short, None, every - {"transaction_timeout", "idle_session_timeout"})
+    assert lacking.startswith("SELECT pg_catalog.set_config('idle_session_timeout', E'0', ")
+    assert lacking.count("set_config(") == len(short.settings) + 1  # transaction_timeout: ours
+    assert session_sql(short, None).count("set_config(") == len(short.settings) + len(
+        [n for n, _ in short.guards]
+    )
     assert session_sql(short, short) == ""
     changed = session_sql(long, short)
     assert "default_transaction_read_only" not in changed

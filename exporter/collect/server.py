@@ -125,12 +125,11 @@ class Server:
     async def prepare(self) -> None:
         """Connect if needed, read the server's facts, and plan when they changed.
 
-        A first session proven direct is replaced by one that logs in with the guards
-        (issue 36): from then on every connection of our role to that server does."""
+        A session proven direct makes every later login of our role at that server carry
+        the server's whole set of guards (issue 36); the first one's session gets those
+        its login lacked with its first limits."""
         pre = await self._read()
-        if self._guard_logins(pre.facts):
-            await self.disconnect()
-            pre = await self._read()
+        self._guard_logins(pre.facts)
         facts = self._settle_guards(pre.facts)
         self.databases = pre.databases
         self._note_unnamed(pre.unnamed)
@@ -184,31 +183,27 @@ class Server:
             self.statement_seconds += took
             self.preflight_seconds += took
 
-    def _guard_logins(self, facts: ServerFacts) -> bool:
-        """Whether to log in again, with the guards: the session was proven direct and did
-        not log in with them, and the server has not refused them. A session that logged
-        in with them and is not direct (a pooler answered) gives them up for good."""
+    def _guard_logins(self, facts: ServerFacts) -> None:
+        """After a session proven direct, our role's logins at that server carry its whole
+        set of guards; after one that is not (a pooler answered), none (issue 36)."""
         if self.options.pgbouncer:
-            return False
+            return
         if not facts.direct:
             if facts.login_guarded:
                 self.connections.guard_logins(self, None)
-            return False
-        options = facts.guards.login_options()
-        held = self.conn.info.get_parameters().get("options", "") if self.conn else ""
-        if facts.login_guarded and held.endswith(options):
-            return False  # logged in with this server's whole set
-        return self.connections.guard_logins(self, options)
+            return
+        self.connections.guard_logins(self, facts.guards.login_options())
 
     def _settle_guards(self, facts: ServerFacts) -> ServerFacts:
         """The facts with why collectors run in transactions of their own where a direct
-        session does not hold the guards: the server refused them at login, or reports a
-        guard otherwise than the login set it (issue 36)."""
-        if self.options.pgbouncer or facts.own_transaction:
+        session does not hold the guards its login set: the server reports one otherwise
+        (issue 36). A direct session that logged in without them (its server refused
+        them, or its role's sessions there were not direct before) gets them all with its
+        first limits."""
+        if self.options.pgbouncer or facts.own_transaction or not facts.login_guarded:
             return facts
-        if not facts.login_guarded:
-            return replace(facts, own_transaction="the server refused the guards at login")
-        differ = table.differences(facts.guards.shape, list(facts.reported))
+        login = postgres.login_settings(self.conn) if self.conn is not None else frozenset()
+        differ = table.differences(facts.guards.shape, list(facts.reported), login)
         if not differ:
             return facts
         said = "; ".join(

@@ -235,7 +235,9 @@ class Session:
         # All again on a connection not yet set up, or whose read-only default a
         # collector's SQL turned off (the server reports that change at once).
         same = held is not None and held[0] is conn and read_only
-        sql = session_sql(limits, held[1] if held is not None and same else None)
+        previous = held[1] if held is not None and same else None
+        login = postgres.login_settings(conn) if previous is None else frozenset()
+        sql = session_sql(limits, previous, login)
         if sql:
             self.limits = None  # unknown until the server has applied the whole list
             await postgres.send_limits(cur, sql)

@@ -39,6 +39,7 @@ from exporter.config.settings import (
     DEFAULT_SERVER_MAX_FAILED_LOGINS,
     Settings,
 )
+from exporter.config.target import PGBOUNCER_DATABASE, database_of
 from exporter.pg import guards as table
 from exporter.pg import postgres
 from exporter.pg.addresses import Attempt, ServerKey, resolve
@@ -367,6 +368,8 @@ async def _dial_guarded(
     none where a session of the role was not direct. A server (or pooler) that refuses
     them at login is dialled again without them, and not given them again: collectors
     then run in transactions of their own, which carry them."""
+    if database_of(conninfo) == PGBOUNCER_DATABASE:  # its admin console: no settings (D4)
+        return await connector(conninfo, connect_timeout)
     role = postgres.role_of(conninfo)
     options = bulkhead.login_options.get(role, table.first_login_options())
     if options is None:
@@ -378,10 +381,12 @@ async def _dial_guarded(
             raise
         bulkhead.login_options[role] = None
         bulkhead.login_refused.add(role)
-        log.warning(
-            "the server refused the guards at login (%s); collectors run in read-only "
-            "transactions of their own instead", postgres.first_line(exc),
-            extra={"server": str(bulkhead.key)},
+        # A pooler (pgBouncer refuses any options) is not direct anyway: said at INFO.
+        log.info(
+            "the server refused the guards at login (%s): our role's logins there go "
+            "without them; our statements get them after login (session settings where the "
+            "session is proven direct, else a transaction of their own)",
+            postgres.first_line(exc), extra={"server": str(bulkhead.key)},
         )  # fmt: skip
     return await connector(conninfo, connect_timeout)
 

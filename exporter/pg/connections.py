@@ -273,21 +273,15 @@ class ConnectionLimit:
         self._leases[holder] = lease
         return conn
 
-    def guard_logins(self, holder: Holder, options: str | None) -> bool:
+    def guard_logins(self, holder: Holder, options: str | None) -> None:
         """From now on ``holder``'s role logs in at its server with ``options`` (this
         server's guards, its session proven direct), or without (None: it was not, issue
-        36). True when its logins change to carry ``options``: the caller logs in again."""
+        36)."""
         lease = self._leases.get(holder)
         if lease is None:
-            return False
-        held = lease.bulkhead.login_options
-        if options is None or lease.role in lease.bulkhead.login_refused:
-            held[lease.role] = None  # not direct (until one is proven), or refused
-            return False
-        if held.get(lease.role) == options:
-            return False
-        held[lease.role] = options
-        return True
+            return
+        refused = lease.role in lease.bulkhead.login_refused
+        lease.bulkhead.login_options[lease.role] = None if refused else options
 
     def opened_for(self, holder: Holder) -> None:
         """``holder`` has opened a connection: count it, as the most recently used."""

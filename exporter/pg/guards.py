@@ -324,16 +324,18 @@ PER_COLLECTOR = frozenset(
 )  # fmt: skip
 
 
-def differences(shape: Shape, reported: object) -> tuple[tuple[str, str, str], ...]:
-    """(name, wanted, reported) for each guard the server reports otherwise than the login
-    set it, those a collector sets for itself aside (units and case as
-    ``current_setting`` prints them are normalised)."""
+def differences(
+    shape: Shape, reported: object, login: frozenset[str]
+) -> tuple[tuple[str, str, str], ...]:
+    """(name, wanted, reported) for each guard the login set (``login``: their names)
+    that the server reports otherwise, those a collector sets for itself aside (units and
+    case as ``current_setting`` prints them are normalised)."""
     if not isinstance(reported, list):
         return ()
     wanted = dict(settings(shape))
     found = []
     for name, value in zip(names(shape.version), reported, strict=False):
-        want = None if name in PER_COLLECTOR else wanted.get(name)
+        want = None if name in PER_COLLECTOR or name not in login else wanted.get(name)
         if want is not None and not same(name, want, str(value)):
             found.append((name, want, str(value)))
     return tuple(found)

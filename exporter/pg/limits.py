@@ -125,14 +125,19 @@ def limits_sql(limits: Limits) -> str:
     return f"{BEGIN}; SET LOCAL jit = off; SELECT {', '.join(calls)}"
 
 
-def session_sql(limits: Limits, previous: Limits | None) -> str:
+def session_sql(
+    limits: Limits, previous: Limits | None, login: frozenset[str] = frozenset()
+) -> str:
     """One statement that brings a session from ``previous`` limits to ``limits`` (issue
-    22): the collector's limits on a session not yet set up (``previous`` None), else
-    only those that differ; "" when none does. The guards came with the login. One
-    SELECT of set_config() rather than a SET each: one statement for the server to run
-    and count, and, like any statement that fails, it changes nothing when cancelled."""
+    22): on a session not yet set up (``previous`` None) the collector's limits and the
+    guards its login did not carry (``login``: the names it did; a first login carries
+    only those every major has, issue 36); else only the limits that differ; "" when
+    none does. One SELECT of set_config() rather than a SET each: one statement for the
+    server to run and count, and, like any statement that fails, it changes nothing when
+    cancelled."""
     if previous is None:
-        changed = list(limits.settings)
+        missing = [item for item in limits.guards if item[0] not in login]
+        changed = [*missing, *limits.settings]
     else:
         changed = [item for item in limits.settings if item not in previous.settings]
     calls = ", ".join(_call(name, value, local=False) for name, value in changed)

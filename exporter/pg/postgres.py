@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -57,6 +58,14 @@ END_OWN_TRANSACTION = "ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()"
 def logged_in_guarded(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
     """Whether the connection logged in with the guards (libpq ``options``, issue 36)."""
     return "default_transaction_read_only=on" in conn.info.get_parameters().get("options", "")
+
+
+_LOGIN_SETTING = re.compile(r"-c\s*([A-Za-z_.]+)=")
+
+
+def login_settings(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> frozenset[str]:
+    """The names of the settings the connection logged in with (libpq ``options``)."""
+    return frozenset(_LOGIN_SETTING.findall(conn.info.get_parameters().get("options", "")))
 
 
 def bounded(sql: str, seconds: float) -> str:
