@@ -95,6 +95,7 @@ class CollectionPass:
         results = [main.result(), *(other.result() for other in others)]
         self.server_time.record(start, sum(r.server_time for r in results),
                                 sum(r.preflight_time for r in results))  # fmt: skip
+        self.databases.note_plans()
         snapshot.families = self.series_cap.apply(parts)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
