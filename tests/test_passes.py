@@ -12,7 +12,7 @@ import pytest
 from exporter.collect.breaker import Breaker, BreakerPolicy, BreakerState, PassTally
 from exporter.collect.budget import Budget, Interruption
 from exporter.collect.databases import Databases
-from exporter.collect.passes import CollectionPass, PassStats, Snapshot
+from exporter.collect.passes import CollectionPass, PassStats, RepeatedSeries, Snapshot
 from exporter.collect.seriescap import Part, SeriesCap
 from exporter.collect.server import ServerResult
 from exporter.config.definitions import Collector, Definitions
@@ -118,3 +118,25 @@ def test_only_a_failed_pass_that_was_not_interrupted_counts_as_an_error(
     walk._account(start, failed=False, interrupted=None)
     assert (walk.stats.scrapes, walk.stats.errors) == (3, 1)
     assert walk.stats.last_scrape_time > 0  # wall clock, for people
+
+
+def test_repeated_series_are_left_out_and_logged_once_while_they_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 36, guarantee 8: a collector whose series another database already produced
+    has them left out, the main database's kept; the log names the collector and both
+    databases once, not at every pass, and again if the repeat comes back after it ended."""
+    same = Family("a_v", "gauge", "", 1, b'a_v{k="1"} 1\n')
+    other = Family("a_v", "gauge", "", 1, b'a_v{k="2"} 1\n')
+    repeated = RepeatedSeries()
+    parts, places = [Part(COLLECTOR, (same,)), Part(COLLECTOR, (same,))], ["main", "app"]
+    with caplog.at_level(logging.WARNING, logger="exporter.collect.passes"):
+        for _ in range(3):
+            kept = repeated.apply(parts, places)
+            assert kept == [parts[0], Part(COLLECTOR, ())]
+        assert repeated.apply([parts[0], Part(COLLECTOR, (other,))], places)[1].series == 1
+        repeated.apply(parts, places)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "collector a on database app: 1 series (a_v)" in messages[0]
+    assert "collector a on database main" in messages[0]
