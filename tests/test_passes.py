@@ -12,7 +12,13 @@ import pytest
 from exporter.collect.breaker import Breaker, BreakerPolicy, BreakerState
 from exporter.collect.budget import Budget, Interruption
 from exporter.collect.databases import Databases
-from exporter.collect.passes import CollectionPass, PassStats, Snapshot, databases_budget
+from exporter.collect.passes import (
+    CollectionPass,
+    PassStats,
+    RepeatedSeries,
+    Snapshot,
+    databases_budget,
+)
 from exporter.collect.seriescap import Part, SeriesCap
 from exporter.collect.server import ServerResult
 from exporter.config.definitions import Collector, Definitions
@@ -129,3 +135,25 @@ def test_the_discovered_databases_deadline_keeps_a_tenth_of_the_budget_to_answer
     assert (theirs.interruption(), request.interruption()) == (Interruption.BUDGET, None)
     request.ended.set()
     assert theirs.interruption() is Interruption.CLIENT
+
+
+def test_repeated_series_are_left_out_and_logged_once_while_they_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 36, guarantee 8: a collector whose series another database already produced
+    has them left out, the main database's kept; the log names the collector and both
+    databases once, not at every pass, and again if the repeat comes back after it ended."""
+    same = Family("a_v", "gauge", "", 1, b'a_v{k="1"} 1\n')
+    other = Family("a_v", "gauge", "", 1, b'a_v{k="2"} 1\n')
+    repeated = RepeatedSeries()
+    parts, places = [Part(COLLECTOR, (same,)), Part(COLLECTOR, (same,))], ["main", "app"]
+    with caplog.at_level(logging.WARNING, logger="exporter.collect.passes"):
+        for _ in range(3):
+            kept = repeated.apply(parts, places)
+            assert kept == [parts[0], Part(COLLECTOR, ())]
+        assert repeated.apply([parts[0], Part(COLLECTOR, (other,))], places)[1].series == 1
+        repeated.apply(parts, places)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "collector a on database app: 1 series (a_v)" in messages[0]
+    assert "collector a on database main" in messages[0]

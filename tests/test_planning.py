@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.planning import Plan, explain_text, make_plan
+from exporter.collect.planning import REPEATS_MAIN, Plan, explain_text, make_plan
 from exporter.config.definitions import Collector, Column, Definitions, Usage
 from exporter.pg.preflight import ServerFacts
 from exporter.pg.searchpath import SearchPath
@@ -114,6 +114,43 @@ def test_cluster_tag_only_on_main_database() -> None:
     collector = branch("b", tags=("cluster",))
     assert reason(collector) is None
     assert "main database" in str(reason(collector, replace(PRIMARY, is_main=False)))
+
+
+DISCOVERED = replace(PRIMARY, is_main=False)
+
+
+def test_branch_without_datname_runs_only_on_the_main_database() -> None:
+    """An untagged branch whose series carry no ``datname`` label is skipped on a discovered
+    database, saying why: it runs on the main one too, and its series would be served twice
+    (issue 36, finding 6)."""
+    collector = branch("b", columns=(Column("k", Usage.LABEL), Column("v", Usage.GAUGE)))
+    assert reason(collector) is None
+    assert reason(collector, DISCOVERED) == REPEATS_MAIN
+    assert "datname LABEL column" in REPEATS_MAIN
+    tagged = replace(collector, tags=("primary", "needs_me"))
+    assert reason(tagged, DISCOVERED, ("needs_me",)) == REPEATS_MAIN
+
+
+def test_branch_with_datname_runs_on_every_database() -> None:
+    """A ``datname`` LABEL column, named so or renamed so, tells the databases' series apart."""
+    for label in (Column("datname", Usage.LABEL), Column("db", Usage.LABEL, rename="datname")):
+        collector = branch("b", columns=(label, Column("v", Usage.GAUGE)))
+        assert reason(collector, DISCOVERED) is None
+
+
+@pytest.mark.parametrize("tag", ["dbname:app", "extension:pg_stat_statements", "schema:monitor"])
+def test_branch_without_datname_may_run_where_only_some_databases_qualify(tag: str) -> None:
+    """A tag that depends on the database may hold on one of them only, as in Go: such a
+    branch is planned, and the rendering keeps any series it repeats out of the page."""
+    assert reason(branch("b", tags=(tag,)), DISCOVERED) is None
+
+
+def test_other_reasons_come_before_the_datname_one() -> None:
+    """The first failing condition is the reason shown: ``cluster`` says cluster-level."""
+    assert "cluster-level" in str(reason(branch("b", tags=("cluster",)), DISCOVERED))
+    assert "needs a primary" in str(
+        reason(branch("b", tags=("primary",)), replace(DISCOVERED, in_recovery=True))
+    )
 
 
 @pytest.mark.parametrize("tag", ["primary", "master", "leader"])

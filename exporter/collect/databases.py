@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from exporter.collect.planning import REPEATS_MAIN, Plan
 from exporter.collect.server import Server, ServerOptions
 from exporter.config.definitions import Definitions
 from exporter.config.discovery import select_databases
@@ -56,6 +57,7 @@ class Databases:
         )  # within the process's per-server bulkheads (issue 29)
         self.main = self._server(None)
         self.discovered: dict[str, Server] = {}
+        self.noted: dict[str, Plan] = {}  # each discovered database's plan, once logged
 
     def _server(self, datname: str | None) -> Server:
         return Server(datname, self.options, self.definitions, is_main=datname is None,
@@ -91,8 +93,28 @@ class Databases:
         for name in set(self.discovered) - wanted:
             log.info("database vanished, dropping it", extra={"datname": name})
             gone = self.discovered.pop(name)
+            self.noted.pop(name, None)
             await gone.disconnect()
             self.connections.forget(gone.label)
         for name in wanted - set(self.discovered):
             log.info("database discovered", extra={"datname": name})
             self.discovered[name] = self._server(name)
+
+    def note_plans(self) -> None:
+        """Log once per plan made the branches that run on the main database only, as their
+        series carry no ``datname`` label (issue 36): one line per branch, naming the
+        databases it is left out of."""
+        left_out: dict[str, list[str]] = {}
+        for name, server in sorted(self.discovered.items()):
+            plan = server.plan
+            if plan is None or self.noted.get(name) is plan:
+                continue
+            self.noted[name] = plan
+            for skipped in plan.skipped:
+                if skipped.reason == REPEATS_MAIN:
+                    left_out.setdefault(skipped.collector.key, []).append(name)
+        for key, names in left_out.items():
+            log.warning(
+                "collector %s runs on the main database only, not on %s: %s",
+                key, ", ".join(names), REPEATS_MAIN, extra={"collector": key},
+            )  # fmt: skip

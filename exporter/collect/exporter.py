@@ -22,7 +22,7 @@ from exporter.collect.breaker import (
 from exporter.collect.budget import Budget, Interruption, RequestEnded, until_request_ends
 from exporter.collect.databases import Databases
 from exporter.collect.gate import Gate
-from exporter.collect.passes import CollectionPass, PassStats, Snapshot
+from exporter.collect.passes import CollectionPass, PassStats, RepeatedSeries, Snapshot
 from exporter.collect.seriescap import SeriesCap
 from exporter.collect.server import Server
 from exporter.collect.servertime import ServerTimeBudget
@@ -86,6 +86,7 @@ class Exporter:
         self.series_cap = SeriesCap(settings.max_total_series)  # exposition-wide
         self.server_time = ServerTimeBudget(settings.effective_server_time_budget(),
                                             random=random, off=_budget_off(settings))  # fmt: skip
+        self.repeated = RepeatedSeries()  # what passes left out and said so (issue 36)
         self.lock = asyncio.Lock()
         self.stats = PassStats()
         self.pending: Definitions | None = None  # reloaded, waiting for the next pass
@@ -174,7 +175,8 @@ class Exporter:
         walk = CollectionPass(self.databases, self.breaker, self.series_cap, self.stats,
                               width=self.width, clock=self.clock,
                               recovery_seen=self.recovery_seen,
-                              server_time=self.server_time)  # fmt: skip
+                              server_time=self.server_time,
+                              repeated=self.repeated)  # fmt: skip
         return await walk.run(budget)
 
     @property

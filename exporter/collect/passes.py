@@ -4,7 +4,8 @@ The main database is walked first; once its preflight has named the others, they
 walked beside it, at most ``width`` at once (issue 13, issue 22). What the breaker
 sheds is decided before the walk and the pass judged after it (D16), then what the
 server-time budget stretches, and what the statements took is measured for it (issue 31);
-the series cap applies to what all of them produced (issue 13).
+a series two of them produced is served once (issue 36), and the series cap applies to
+what all of them produced (issue 13).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -22,6 +24,7 @@ from exporter.collect.seriescap import Part, SeriesCap
 from exporter.collect.server import Server, ServerResult
 from exporter.collect.servertime import ServerTimeBudget
 from exporter.expose.exposition import Family
+from exporter.expose.uniqueness import Repeat, without_repeats
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,44 @@ class Walk:
         return self.task.result()
 
 
+class RepeatedSeries:
+    """Series a pass would serve twice (issue 36, guarantee 8): the later source's are left
+    out, and each collector on each database doing so is logged once while it lasts."""
+
+    def __init__(self) -> None:
+        self.reported: set[tuple[str, str]] = set()  # (collector key, database)
+
+    def apply(self, parts: Sequence[Part], places: Sequence[str]) -> list[Part]:
+        """``parts`` (each from the database in ``places``) without repeated series."""
+        sources, repeats = without_repeats([part.families for part in parts])
+        found: defaultdict[tuple[str, str], list[Repeat]] = defaultdict(list)
+        for repeat in repeats:
+            found[(parts[repeat.source].collector.key, places[repeat.source])].append(repeat)
+        for key in sorted(found.keys() - self.reported):
+            self._log(key, found[key], parts, places)
+        self.reported = set(found)
+        if not repeats:
+            return list(parts)
+        return [replace(p, families=f) for p, f in zip(parts, sources, strict=True)]
+
+    @staticmethod
+    def _log(
+        key: tuple[str, str], repeats: list[Repeat], parts: Sequence[Part], places: Sequence[str]
+    ) -> None:
+        collector, datname = key
+        first = repeats[0].first
+        log.warning(
+            "collector %s on database %s: %d series (%s) repeat those of collector %s on "
+            "database %s and are left out, as a page serving a series twice is refused; "
+            "give the series a label telling them apart (datname, for a collector of each "
+            "database), or tag the collector cluster",
+            collector, datname, sum(r.series for r in repeats),
+            ", ".join(sorted({r.family for r in repeats})),
+            parts[first].collector.key, places[first],
+            extra={"collector": collector, "datname": datname},
+        )  # fmt: skip
+
+
 class CollectionPass:
     """One pass over the databases, with the breaker, the series cap and the counters it
     reports to."""
@@ -104,6 +145,7 @@ class CollectionPass:
         clock: Callable[[], float],
         recovery_seen: Callable[[bool], None] | None,
         server_time: ServerTimeBudget | None = None,
+        repeated: RepeatedSeries | None = None,
     ) -> None:
         self.databases = databases
         self.breaker = breaker
@@ -113,6 +155,7 @@ class CollectionPass:
         self.clock = clock
         self.recovery_seen = recovery_seen  # told the recovery state the preflight read
         self.server_time = server_time or ServerTimeBudget(0.0)  # the target's (issue 31)
+        self.repeated = repeated or RepeatedSeries()  # the target's (issue 36)
 
     async def run(self, budget: Budget) -> Snapshot:
         """Walk every database, publish what fits the series cap, judge the pass (D16)."""
@@ -121,6 +164,7 @@ class CollectionPass:
         shedding = self._shedding()
         self.server_time.begin(start, self.databases.servers, shedding)  # after the breaker
         parts: list[Part] = []
+        places: list[str] = []  # the database of each part
         slots = asyncio.Semaphore(self.width)  # databases walked at once, the main one too
         main = Walk(self.databases.main)
         async with asyncio.TaskGroup() as group:
@@ -130,12 +174,16 @@ class CollectionPass:
             )
         results = [main.result(), *(self._cut_short(other, budget) for other in others)]
         failed = self._merge(results[0], snapshot, parts)
+        places.extend([self.databases.main.label] * len(parts))
         # Other databases count only beside a main database that is up: a fatal collector
         # there makes the target down, whatever they produced meanwhile.
-        for result in results[1:] if self.databases.main.up else ():
+        for walk, result in zip(others, results[1:], strict=True) if self.databases.main.up else ():
             failed |= self._merge(result, snapshot, parts)
+            places.extend([walk.server.label] * (len(parts) - len(places)))
         self._measure(start, [main, *others])
-        snapshot.families = self.series_cap.apply(parts)  # whole collectors (issue 13)
+        self.databases.note_plans()
+        unique = self.repeated.apply(parts, places)  # the main database's first (issue 36)
+        snapshot.families = self.series_cap.apply(unique)  # whole collectors (issue 13)
         # A pass that outlived its request (a bounded collector ran past the budget) has
         # no one to answer: the request gets 503, the results stay cached (B21).
         snapshot.interrupted = snapshot.interrupted or budget.interruption()

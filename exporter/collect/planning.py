@@ -126,7 +126,38 @@ def skip_reason(collector: Collector, facts: ServerFacts, tags: frozenset[str]) 
         reason = _check_tag(tag, facts, tags)
         if reason is not None:
             return reason
-    return None
+    return REPEATS_MAIN if repeats_main(collector, facts) else None
+
+
+#: Why a branch without a ``datname`` label does not run on a discovered database.
+REPEATS_MAIN = (
+    "its series carry no datname label, so here they would repeat those the main database "
+    "serves (a page with a series twice is refused): it runs on the main database only; to "
+    "collect every database, add a datname LABEL column (current_database() AS datname)"
+)
+
+# Tags whose answer differs from one database of a cluster to another; every other
+# condition (kind, version, recovery, user, the exporter's tags) is the same for all.
+_PER_DATABASE_TAGS = frozenset({"dbname", "extension", "schema"})
+
+
+def repeats_main(collector: Collector, facts: ServerFacts) -> bool:
+    """Whether the branch, planned on this discovered database, would serve the very series
+    the main database serves (issue 36, finding 6): its series carry no ``datname`` label
+    and nothing in its tags depends on the database, so wherever it runs here it runs on
+    the main database too. Go 1.4.1 runs it on both and its page is refused; a branch that
+    may run on some databases only (``dbname:``, ``extension:``, ``schema:``) is checked
+    when its series are rendered instead."""
+    if facts.is_main or facts.pgbouncer:
+        return False
+    if any(column.output_name == "datname" for column in collector.label_columns):
+        return False
+    return not any(_per_database(tag) for tag in collector.tags)
+
+
+def _per_database(tag: str) -> bool:
+    kind, colon, _ = tag.partition(":")
+    return bool(colon) and kind in _PER_DATABASE_TAGS
 
 
 def _check_skip(collector: Collector, facts: ServerFacts) -> str | None:

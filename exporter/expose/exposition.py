@@ -139,6 +139,10 @@ class Family:
     series: int
     # Sample lines in the text format, each starting with ``name``, "\n"-terminated.
     text_samples: bytes = field(default=b"", repr=False)
+    # (label, escaped value) pairs every sample carries from its source's rows, such as a
+    # per-database collector's datname: they tell two sources' families apart without
+    # reading their samples (``uniqueness``). Const labels are not among them.
+    fixed: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     # Headers, and OpenMetrics bodies, by format name (a str: an enum member hashes in Python).
     _memo: dict[str, bytes] = field(default_factory=dict, init=False, repr=False)
 

@@ -12,7 +12,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, repeat
-from operator import add, itemgetter, mul
+from operator import add, eq, itemgetter, mul
 from typing import Any
 
 from exporter.config.definitions import Collector, Column, Usage
@@ -113,6 +113,7 @@ class _Plain:
 
 
 _NONE = type(None)
+_VARIES = object()  # a LABEL column whose rows have more than one value
 _BOOL_TYPE: frozenset[type] = frozenset({bool})
 _PLAIN_DIGITS = 300  # a numeric's text this long is below 1e300: no float overflows on it
 _BOOLEAN_TEXT = {True: "1", False: "0"}
@@ -160,7 +161,7 @@ class _Histogram:
                 acc.counts[bisect_left(bounds, number)] += 1
                 acc.total += number
 
-    def families(self, bins: dict[str, _Bins]) -> list[Family]:
+    def families(self, bins: dict[str, _Bins], fixed: _Pairs) -> list[Family]:
         """The ``_bucket``, ``_count`` and ``_sum`` families of ``bins``, all gauges."""
         buckets: list[str] = []
         for key, acc in bins.items():
@@ -172,9 +173,9 @@ class _Histogram:
         counts = [f"{key}{sum(acc.counts)}" for key, acc in bins.items()]
         sums = [f"{key}{format_value(acc.total)}" for key, acc in bins.items()]
         return [
-            _family(self.base + "_bucket", "gauge", self.help, buckets),
-            _family(self.base + "_count", "gauge", self.help, counts),
-            _family(self.base + "_sum", "gauge", self.help, sums),
+            _family(self.base + "_bucket", "gauge", self.help, buckets, fixed),
+            _family(self.base + "_count", "gauge", self.help, counts, fixed),
+            _family(self.base + "_sum", "gauge", self.help, sums, fixed),
         ]
 
 
@@ -191,10 +192,13 @@ def _help(collector: Collector, column: Column) -> str:
     return column.description or f"{collector.key} column {column.name}"
 
 
-def _family(name: str, kind: str, help: str, lines: list[str]) -> Family:
+_Pairs = tuple[tuple[str, str], ...]
+
+
+def _family(name: str, kind: str, help: str, lines: list[str], fixed: _Pairs) -> Family:
     """A family from lines that lack only the metric name."""
     text = name + ("\n" + name).join(lines) + "\n" if lines else ""
-    return Family(name, kind, help, len(lines), text.encode("utf-8", "replace"))
+    return Family(name, kind, help, len(lines), text.encode("utf-8", "replace"), fixed)
 
 
 class _Layout:
@@ -318,6 +322,9 @@ class SampleBuilder:
         self._bins: dict[int, dict[str, _Bins]] = {n: {} for n, _ in layout.histograms}
         self._seen: set[str] = set()  # label blocks of plain series already emitted
         self._histogram_keys: set[str] = set()
+        # Each LABEL column's escaped value while every row so far has had that one, else
+        # _VARIES: the families' ``fixed`` pairs (issue 36); None before the first row.
+        self._fixed: list[str | object] | None = None
 
     def add_rows(self, rows: Iterable[Sequence[object]]) -> None:
         """Render one batch of rows; raises TooManySeriesError above the cap and
@@ -348,7 +355,19 @@ class SampleBuilder:
             _label_column(list(map(g, batch)), label)
             for g, label in zip(getters, layout.label_texts, strict=True)
         ]
+        self._note_fixed(columns)
         return list(map(template.__mod__, zip(*columns, strict=True)))
+
+    def _note_fixed(self, columns: list[list[str]]) -> None:
+        """Keep each LABEL column's value while every row has the same one. At C level,
+        stopping at the first row that differs: a column of one value costs ~10 ns a row."""
+        fixed = self._fixed
+        if fixed is None:
+            fixed = self._fixed = [column[0] for column in columns]
+        for n, column in enumerate(columns):
+            value = fixed[n]
+            if value is not _VARIES and not all(map(eq, column, repeat(value))):
+                fixed[n] = _VARIES
 
     def _check_unique(self, keys: list[str]) -> None:
         """One row per label set, across all batches, when GAUGE or COUNTER series are made.
@@ -381,12 +400,22 @@ class SampleBuilder:
     def finish(self) -> tuple[Family, ...]:
         """One family per metric family that got series, in column order."""
         families: list[Family] = []
+        fixed = self.fixed()
         for n, output in enumerate(self._layout.outputs):
             if isinstance(output, _Plain):
-                families.append(_family(output.name, output.kind, output.help, self._lines[n]))
+                lines = self._lines[n]
+                families.append(_family(output.name, output.kind, output.help, lines, fixed))
             else:
-                families.extend(output.families(self._bins[n]))
+                families.extend(output.families(self._bins[n], fixed))
         return tuple(f for f in families if f.series)
+
+    def fixed(self) -> _Pairs:
+        """(label, escaped value) of the LABEL columns that had one value in every row."""
+        if self._fixed is None:  # no LABEL column, or no row
+            return ()
+        names = [column.output_name for column in self.collector.label_columns]
+        pairs = zip(names, self._fixed, strict=True)
+        return tuple((name, value) for name, value in pairs if isinstance(value, str))
 
 
 def _first_repeat(keys: list[str], seen: set[str]) -> str:

@@ -297,13 +297,15 @@ def _marker() -> str:
 
 
 def _sleepy(marker: str, seconds: str, *, timeout: float) -> str:
-    """One collector on every database, sleeping ``seconds`` (an SQL expression)."""
+    """One collector on every database, sleeping ``seconds`` (an SQL expression); its
+    ``datname`` label lets it run on the discovered databases too (issue 36)."""
     return f"""
     sleepy:
-      query: SELECT 1 AS {marker} FROM pg_sleep({seconds})
+      query: SELECT current_database() AS datname, 1 AS {marker} FROM pg_sleep({seconds})
       ttl: 60
       timeout: {timeout}
       metrics:
+        - datname: {{usage: LABEL, description: database}}
         - {marker}: {{usage: GAUGE, description: probe}}
     """
 
