@@ -19,6 +19,7 @@ from exporter.health.pace import FAST_INTERVAL, SLOW_ANSWER
 from exporter.health.probe import (
     NO_UPSTREAM_HOLD,
     OUTAGE_HOLD,
+    PROBE_SQL,
     Conn,
     HealthProbe,
     HealthSnapshot,
@@ -268,18 +269,39 @@ def test_only_a_primary_or_a_streaming_replica_is_steady(reading: Reading, hold:
     assert reading.hold == hold
 
 
+class _Info:
+    """What psycopg says of a connection's login: with our guards in ``options`` or not."""
+
+    def __init__(self, guarded: bool) -> None:
+        self.options = "-c default_transaction_read_only=on" if guarded else ""
+
+    def get_parameters(self) -> dict[str, str]:
+        return {"options": self.options} if self.options else {}
+
+
 class _FakeConn:
     """Answers the probe's query with the rows given, one per call (the last repeats)."""
 
-    def __init__(self, rows: list[tuple[object, ...]], sock: socket.socket | None = None) -> None:
+    def __init__(
+        self,
+        rows: list[tuple[object, ...]],
+        sock: socket.socket | None = None,
+        guarded: bool = True,
+    ) -> None:
         self.rows = rows
         self.sock = sock
         self.queries = 0
+        self.sent: list[str] = []
         self.closed = False
         self.broken = False
+        self.info = _Info(guarded)
+
+    def nextset(self) -> bool:
+        return True
 
     async def execute(self, sql: str, prepare: bool = False) -> _FakeConn:
         self.queries += 1
+        self.sent.append(sql)
         if self.sock is not None:  # psycopg reads whatever the server sent meanwhile
             with contextlib.suppress(BlockingIOError):
                 self.sock.recv(4096)
@@ -320,6 +342,25 @@ async def test_a_replica_without_upstream_is_probed_quickly() -> None:
     clock.advance(NO_UPSTREAM_HOLD + 0.01)
     await probe.probe_once()
     assert probe.pace.interval(clock.now) == probe.interval
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+async def test_the_probes_statement_is_bounded_by_the_server(guarded: bool) -> None:
+    """Issue 36: on a connection that logged in with the guards the probe sends its one
+    statement; on one that did not (a pooler refused them) it sends it inside a read-only
+    transaction of its own with a statement limit of its connect timeout, rolled back,
+    in the same round trip."""
+    conn = _FakeConn([(False, None)], guarded=guarded)
+    probe = HealthProbe(URL, 1.5, clock=FakeClock(), connector=_connector(conn))
+    await probe.probe_once()
+    assert probe.snapshot.status is Status.PRIMARY
+    if guarded:
+        assert conn.sent == [PROBE_SQL]
+    else:
+        assert conn.sent == [
+            "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; SET LOCAL jit = off; "
+            f"SET LOCAL statement_timeout = 1500; {PROBE_SQL}; ROLLBACK"
+        ]
 
 
 async def test_a_scrape_that_saw_another_role_quickens_the_probe() -> None:
