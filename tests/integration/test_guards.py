@@ -6,8 +6,6 @@ on the session after it.
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,7 +14,7 @@ import pytest
 
 from exporter.pg import guards
 from rigs.localpg import LocalCluster
-from tests.fixtures.helpers import value
+from tests.fixtures.helpers import tenant_database, value
 from tests.fixtures.rawhttp import Start, get
 
 
@@ -66,17 +64,14 @@ def owned(every_pg: LocalCluster) -> Iterator[Owned]:
     """A tenant's database with every hostile default above and, in ``public`` (theirs),
     a better-matching overload of pg_wal_lsn_diff, which pg_primary-like SQL calls with an
     untyped literal, and a function that takes hold of whatever session runs it."""
-    pg = every_pg
-    tag = uuid.uuid4().hex[:8]
-    tenant, monitor, database = f"owner_{tag}", f"mon_{tag}", f"owned_{tag}"
-    marker = f"hijack_{tag}"
+    with tenant_database(every_pg, "g") as (database, tenant, monitor):
+        yield _own(every_pg, database, tenant, monitor)
+
+
+def _own(pg: LocalCluster, database: str, tenant: str, monitor: str) -> Owned:
+    marker = f"hijack_{database}"
     forced = "debug_parallel_query" if _version(pg) >= 160000 else "force_parallel_mode"
     defaults = {**_HOSTILE_DEFAULTS, forced: "on"}
-    pg.psql(
-        f"CREATE ROLE {tenant} LOGIN NOSUPERUSER; "
-        f"CREATE ROLE {monitor} LOGIN NOSUPERUSER IN ROLE pg_monitor; "
-        f"CREATE DATABASE {database} OWNER {tenant};"
-    )
     settings = "\n".join(
         f"ALTER DATABASE {database} SET {name} = '{setting}';" for name, setting in defaults.items()
     )
@@ -108,9 +103,7 @@ def owned(every_pg: LocalCluster) -> Iterator[Owned]:
         """,
         dbname=database,
     )
-    yield Owned(database, tenant, monitor, marker)
-    with contextlib.suppress(Exception):
-        pg.psql(f"DROP DATABASE {database} WITH (FORCE); DROP ROLE {tenant}; DROP ROLE {monitor}")
+    return Owned(database, tenant, monitor, marker)
 
 
 # Each reads what our session runs under, as the server reports it at that moment.
@@ -292,17 +285,18 @@ async def test_an_owners_serializable_defaults_never_make_us_wait(
     a deferrable read-only transaction would wait for a safe snapshot until it ends. Ours
     are read committed and not deferrable from login, so every scrape is answered at once
     with the collector's rows."""
-    tag = uuid.uuid4().hex[:8]
-    tenant, monitor, database = f"ser_{tag}", f"sermon_{tag}", f"serdb_{tag}"
-    pg.psql(
-        f"CREATE ROLE {tenant} LOGIN NOSUPERUSER; "
-        f"CREATE ROLE {monitor} LOGIN NOSUPERUSER IN ROLE pg_monitor; "
-        f"CREATE DATABASE {database} OWNER {tenant};"
-    )
-    for name, setting in (("default_transaction_isolation", "serializable"),
-                          ("default_transaction_deferrable", "on"),
-                          ("default_transaction_read_only", "on")):  # fmt: skip
-        pg.psql(f"ALTER DATABASE {database} SET {name} = '{setting}'")
+    with tenant_database(pg, "ser") as (database, tenant, monitor):
+        for name, setting in (("default_transaction_isolation", "serializable"),
+                              ("default_transaction_deferrable", "on"),
+                              ("default_transaction_read_only", "on")):  # fmt: skip
+            pg.psql(f"ALTER DATABASE {database} SET {name} = '{setting}'")
+        await _scrape_beside(pg, database, tenant, monitor, start)
+
+
+async def _scrape_beside(
+    pg: LocalCluster, database: str, tenant: str, monitor: str, start: Start
+) -> None:
+    """Three scrapes while the tenant holds a serializable read-write transaction open."""
     holder = await psycopg.AsyncConnection.connect(pg.dsn(database, user=tenant))
     try:
         await holder.execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE")
@@ -316,6 +310,3 @@ async def test_an_owners_serializable_defaults_never_make_us_wait(
                          deferrable="off") == 1, response.text  # fmt: skip
     finally:
         await holder.close()
-        with contextlib.suppress(Exception):
-            pg.psql(f"DROP DATABASE {database} WITH (FORCE); DROP ROLE {tenant}; "
-                    f"DROP ROLE {monitor}")  # fmt: skip

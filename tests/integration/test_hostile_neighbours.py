@@ -22,7 +22,13 @@ from exporter.config.definitions import Predicate
 from exporter.web.appstate import STATE
 from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import SERVER_ACCOUNT, LocalCluster, bindir_for
-from tests.fixtures.helpers import samples, settings_for, value, write_collectors
+from tests.fixtures.helpers import (
+    samples,
+    settings_for,
+    tenant_database,
+    value,
+    write_collectors,
+)
 from tests.fixtures.rawhttp import Served, Start, get, serving
 
 # ---------------------------------------------------------------------------------------
@@ -71,14 +77,12 @@ def _impostor(signature: str, returns: str, result: str, marker: str) -> str:
 @pytest.fixture
 def tenancy(pg: LocalCluster) -> Iterator[Tenancy]:
     """The tenant's database: evil first on its search_path, a sequence and tables."""
-    tag = uuid.uuid4().hex[:8]
-    tenant, monitor, database = f"tenant_{tag}", f"mon_{tag}", f"appdb_{tag}"
-    marker = f"impostor_{tag}"
-    pg.psql(
-        f"CREATE ROLE {tenant} LOGIN NOSUPERUSER; "
-        f"CREATE ROLE {monitor} LOGIN NOSUPERUSER IN ROLE pg_monitor; "
-        f"CREATE DATABASE {database} OWNER {tenant};"
-    )
+    with tenant_database(pg, "hn") as (database, tenant, monitor):
+        marker = f"impostor_{database}"
+        yield _tenancy(pg, database, tenant, monitor, marker)
+
+
+def _tenancy(pg: LocalCluster, database: str, tenant: str, monitor: str, marker: str) -> Tenancy:
     functions = "\n".join(_impostor(*row, marker) for row in _IMPOSTORS)
     as_tenant = f"""
         SET ROLE {tenant};
@@ -92,9 +96,7 @@ def tenancy(pg: LocalCluster) -> Iterator[Tenancy]:
         ALTER DATABASE {database} SET search_path = evil, pg_catalog, public;
     """
     pg.psql(as_tenant, dbname=database)
-    yield Tenancy(database, monitor, marker)
-    with contextlib.suppress(Exception):
-        pg.psql(f"DROP DATABASE {database} WITH (FORCE); DROP ROLE {tenant}; DROP ROLE {monitor}")
+    return Tenancy(database, monitor, marker)
 
 
 _TENANT_COLLECTORS = """
