@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 import exporter
 from exporter.config.commandline import read_settings
 from exporter.config.dryrun import render_definitions
+from exporter.config.flags import version_text
 from exporter.config.logs import configure_logging
 from exporter.config.settings import Settings
 from exporter.config.targetsfile import Declared, load_targets
 from exporter.errors import ConfigError, InfoRequested, UsageError
+from exporter.report.implementations import log_fallbacks, version_lines
 from exporter.signals import SIGNALS
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,8 @@ def _main(argv: Sequence[str]) -> int:
     warnings: list[str] = []
     try:
         settings = parse_settings(argv, os.environ, warnings)
-    except InfoRequested as info:
-        print(info.text)
+    except InfoRequested as info:  # --version also names the code paths in use (issue 37)
+        print(f"{info.text}\n{version_lines()}" if info.text == version_text() else info.text)
         return 0
     except UsageError as exc:
         print(f"pg_exporter: {exc}", file=sys.stderr)
@@ -116,6 +118,7 @@ def _run(settings: Settings) -> int:
         from exporter.report import explain
 
         return explain.run(settings, definitions)
+    log_fallbacks(log)
     from exporter import serve
     from exporter.web.webconfig import WebConfig, load_web_config
 
