@@ -141,6 +141,27 @@ def test_each_python_runs_the_compiled_paths_of_the_payload(
     assert f"python: CPython 3.{minor}." in out
 
 
+def test_a_python_without_a_build_falls_back_to_the_pure_paths(
+    built: Built, tmp_path: Path
+) -> None:
+    """Where the payload has no build for the running Python (a newer CPython), psycopg
+    and aiohttp run their pure-Python paths and --version says so, rather than crash."""
+    run("dpkg-deb", "-x", built.deb, tmp_path)
+    site = tmp_path / SITE.relative_to("/")
+    builds = [
+        *site.glob("psycopg_c/*.cpython-311-*.so"),
+        *site.glob("aiohttp/_http_*.cpython-311-*.so"),
+    ]
+    assert len(builds) == 4, builds
+    for module in builds:
+        module.unlink()
+    launcher = tmp_path / "usr/bin/pg_exporter"
+    out = run("/usr/bin/python3.11", "-I", "-S", launcher, "--version").stdout
+    assert "psycopg: " in out
+    assert ", python implementation (libpq " in out
+    assert ", pure-Python HTTP parser\n" in out
+
+
 def test_installed_launcher_reports_its_version_quickly(installed: None) -> None:
     """/usr/bin/pg_exporter --version runs on Debian's python3, well under a second each."""
     times = []
