@@ -172,7 +172,7 @@ def test_installed_launcher_reports_its_version_quickly(installed: None) -> None
     assert f"pg_exporter version {VERSION}" in out
     assert "python: CPython 3." in out
     assert_compiled_paths(out)
-    assert statistics.median(times) < 1.0, times  # 0.25 s measured; wide margin for busy CI
+    assert statistics.median(times) < 1.0, times  # 0.41 s measured; wide margin for busy CI
 
 
 def test_install_compiles_bytecode_for_the_target_python(installed: None) -> None:
