@@ -217,11 +217,15 @@ class Bench:
     queries: dict[str, frozenset[str]]  # branch key → words of its SQL, to name statements
 
 
-def trial(bench: Bench, key: str, flavour: str, rnd: int) -> Pass:
+#: How a trial gets the command line of an exporter: (key, flavour, url, options) → Launch.
+Launcher = Callable[[str, str, str, Options], Launch]
+
+
+def trial(bench: Bench, key: str, flavour: str, rnd: int, launcher: Launcher = launch) -> Pass:
     """Start one exporter, warm it up, measure ``options.scrapes`` passes, stop it."""
     cluster, options, workdir = bench.cluster, bench.options, bench.workdir
     url = cluster.dsn("postgres", user=ROLE)
-    spec = launch(key, flavour, url, options)
+    spec = launcher(key, flavour, url, options)
     log = workdir / f"{key}-{flavour}-{rnd}.log"
     with running(spec, log) as proc:
         wait_ready(spec, lambda: proc.poll() is None, time.monotonic() + options.ready_timeout)

@@ -68,8 +68,11 @@ def _main(argv: Sequence[str]) -> int:
     warnings: list[str] = []
     try:
         settings = parse_settings(argv, os.environ, warnings)
-    except InfoRequested as info:
-        print(info.text)
+    except InfoRequested as info:  # --version also names the code paths in use (issue 37)
+        from exporter.config.flags import version_text
+        from exporter.report.implementations import version_lines
+
+        print(f"{info.text}\n{version_lines()}" if info.text == version_text() else info.text)
         return 0
     except UsageError as exc:
         print(f"pg_exporter: {exc}", file=sys.stderr)
@@ -126,6 +129,9 @@ def _run(settings: Settings) -> int:
         from exporter.report import explain
 
         return explain.run(settings, definitions)
+    from exporter.report.implementations import log_fallbacks
+
+    log_fallbacks(log)
     from exporter import serve
     from exporter.web.webconfig import WebConfig, load_web_config
 

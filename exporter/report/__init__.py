@@ -7,6 +7,7 @@ the process's. Reads what the passes left; runs nothing on the database but
 - ``selfmetrics``: the exporter's own metric families.
 - ``process``: the process, interpreter and GC families, from ``/proc``.
 - ``heap``: glibc's free heap given back to the system after an answer.
+- ``implementations``: which libraries run their compiled code paths, which fell back.
 
 May import: :mod:`exporter.collect` and every layer below it.
 """

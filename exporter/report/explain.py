@@ -13,6 +13,7 @@ from exporter.collect.exporter import Exporter
 from exporter.collect.planning import explain_text
 from exporter.config.definitions import Definitions
 from exporter.config.settings import Settings
+from exporter.report import implementations
 
 
 def run(settings: Settings, definitions: Definitions) -> int:
@@ -79,7 +80,7 @@ def last_plans(exporter: Exporter) -> str:
         parts.append("a reloaded config applies from the next pass; below, the running one\n")
     if not exporter.main.up and exporter.stats.scrapes:
         parts.append("pg_up was 0 at the last pass; these plans are from before\n")
-    parts.append(degradation_text(exporter))
+    parts.append(degradation_text(exporter) + implementations.explain_text())
     for server in exporter.servers:
         if server.plan is None:
             parts.append(f"database {server.label}: not planned yet (the next pass plans it)\n")

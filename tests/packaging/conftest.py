@@ -36,7 +36,7 @@ UNIT = Path("/usr/lib/systemd/system/pg_exporter.service")
 ENV_FILE = Path("/etc/default/pg_exporter")
 SANDBOX = Path(__file__).with_name("sandbox.py")
 MARKER = Path("/var/tmp/pg-exporter-package-tests.installed")
-TOOLS = ("rpm", "cpio", "python3-seccomp", "systemd")
+TOOLS = ("rpm", "cpio", "python3-seccomp", "systemd", "binutils")
 APT_ENV = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
 TIMEOUT = 600  # seconds for a build or an apt-get run
 IMAGE = f"localhost/pg-exporter:{VERSION}"
@@ -80,7 +80,7 @@ def purge_pg_exporter() -> None:
 
 @pytest.fixture(scope="session")
 def tools() -> None:
-    """rpm, cpio, python3-seccomp and systemd-analyze are installed, and we are root."""
+    """rpm, cpio, python3-seccomp, systemd-analyze and objdump are installed; we are root."""
     if os.geteuid() != 0:
         pytest.fail("the package tests install pg-exporter on this machine: run them as root")
     missing = [name for name in TOOLS if not deb_installed(name)]
@@ -149,6 +149,40 @@ def cluster() -> Iterator[LocalCluster]:
     """A throw-away PostgreSQL 15 (Debian's build) to point the installed exporter at."""
     with LocalCluster(pg15_bindir()) as local:
         yield local
+
+
+def find_cpython(minor: int) -> Path | None:
+    """An interpreter of 3.MINOR with its headers, found as scripts/packages finds it: the
+    distribution's, else pyenv's newest."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = sorted(pyenv.glob(f"versions/3.{minor}.*/bin/python3.{minor}"), key=_release)
+    for candidate in [Path(f"/usr/bin/python3.{minor}"), *reversed(found)]:
+        include = subprocess.run(
+            [candidate, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+            capture_output=True, text=True, check=False,
+        ).stdout.strip() if candidate.is_file() else ""  # fmt: skip
+        if include and (Path(include) / "Python.h").is_file():
+            return candidate
+    return None
+
+
+def _release(python: Path) -> tuple[int, ...]:
+    return tuple(int(part) for part in python.parent.parent.name.split(".") if part.isdigit())
+
+
+def claimed_minors() -> list[int]:
+    """The CPython minors the payload must carry compiled modules for: 3.11 (Debian 12, RHEL
+    9) and 3.12 (Ubuntu 24.04) always, 3.13 where an interpreter here can build it."""
+    return [11, 12] + ([13] if find_cpython(13) else [])
+
+
+def assert_compiled_paths(version_text: str) -> None:
+    """``--version`` says psycopg runs "c" (system libpq) and aiohttp, multidict, yarl C."""
+    lines = dict(line.split(": ", 1) for line in version_text.splitlines() if ": " in line)
+    assert " c implementation (libpq " in lines["psycopg"], version_text
+    assert lines["aiohttp"].endswith(", C HTTP parser"), version_text
+    assert lines["multidict"].endswith(", C extension"), version_text
+    assert lines["yarl"].endswith(", C extension"), version_text
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -22,7 +22,10 @@ from tests.packaging.conftest import (
     UNIT,
     VERSION,
     Built,
+    assert_compiled_paths,
+    claimed_minors,
     deb_installed,
+    find_cpython,
     purge_pg_exporter,
     read_env_file,
     run,
@@ -32,6 +35,13 @@ from tests.packaging.conftest import (
 SITE = Path("/usr/lib/pg_exporter/site-packages")
 CONFIG_DIR = Path("/etc/pg_exporter")
 EXPOSURE_LIMIT = 2.0
+EXTENSION = re.compile(r"(?P<module>.+)\.(?P<abi>cpython-3\d+|abi3)(-x86_64-linux-gnu)?\.so")
+#: The compiled paths issue 37 is about: psycopg's, aiohttp's parser, multidict's, yarl's.
+REQUIRED_EXTENSIONS = {"psycopg_c/pq", "psycopg_c/_psycopg", "aiohttp/_http_parser",
+                       "multidict/_multidict", "yarl/_quoting_c"}  # fmt: skip
+OLDEST_GLIBC = (2, 34)  # RHEL 9; Debian 12 has 2.36, Ubuntu 24.04 2.39
+SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "libgcc_s.so.1",
+                    "libstdc++.so.6", "ld-linux-x86-64.so.2", "libpq.so.5"}  # fmt: skip
 
 
 def _field(deb: Path, name: str) -> str:
@@ -78,15 +88,78 @@ def test_payload_layout_and_modes(built: Built) -> None:
         assert members[f"/usr/share/doc/pg-exporter/docs/{page.name}"] == "-rw-r--r--", page.name
     assert members["/usr/share/doc/pg-exporter/copyright"] == "-rw-r--r--"
     assert f"{SITE}/exporter/cli.py" in members
-    assert f"{SITE}/psycopg/pq/_pq_ctypes.py" in members  # psycopg's libpq-through-ctypes
+    assert f"{SITE}/psycopg/pq/_pq_ctypes.py" in members  # the pure fallback stays
 
 
-def test_payload_is_pure_python_but_for_bcrypt_abi3(built: Built) -> None:
-    """Only bcrypt's stable-ABI module is compiled, and no byte-code is shipped."""
+def _extensions(members: dict[str, str]) -> dict[str, set[str]]:
+    """ABI tag (``cpython-311``, ``abi3``) → the extension modules built for it."""
+    found: dict[str, set[str]] = {}
+    for path in members:
+        if match := EXTENSION.fullmatch(path.removeprefix(f"{SITE}/")):
+            found.setdefault(match["abi"], set()).add(match["module"])
+    return found
+
+
+def test_payload_carries_the_compiled_modules_for_each_claimed_python(built: Built) -> None:
+    """psycopg's C implementation, aiohttp's parser, multidict and yarl for 3.11, 3.12 (and
+    3.13 where it can be built), the same modules for each; bcrypt's stable-ABI module."""
     members = _members(built.deb)
-    compiled = sorted(path for path in members if path.endswith(".so"))
-    assert compiled == [f"{SITE}/bcrypt/_bcrypt.abi3.so"]
+    extensions = _extensions(members)
+    assert extensions.pop("abi3") == {"bcrypt/_bcrypt"}
+    assert set(extensions) >= {f"cpython-3{minor}" for minor in claimed_minors()}
+    first, *rest = extensions.values()
+    assert first >= REQUIRED_EXTENSIONS
+    assert all(modules == first for modules in rest), extensions
     assert not [path for path in members if "__pycache__" in path or path.endswith(".pyc")]
+
+
+def test_compiled_modules_load_on_the_oldest_claimed_glibc(built: Built, tmp_path: Path) -> None:
+    """No extension asks for glibc newer than RHEL 9's 2.34, nor a library the packages do
+    not depend on; psycopg's links the system's libpq.so.5 (never a bundled one)."""
+    run("dpkg-deb", "-x", built.deb, tmp_path)
+    for module in sorted(tmp_path.glob(f"{SITE.relative_to('/')}/**/*.so")):
+        symbols = run("objdump", "-T", module).stdout
+        versions = [tuple(map(int, v.split("."))) for v in re.findall(r"GLIBC_([\d.]+)", symbols)]
+        assert max(versions) <= OLDEST_GLIBC, (module.name, max(versions))
+        needed = set(re.findall(r"NEEDED\s+(\S+)", run("objdump", "-p", module).stdout))
+        assert needed <= SYSTEM_LIBRARIES, (module.name, needed - SYSTEM_LIBRARIES)
+        if module.parent.name == "psycopg_c":
+            assert "libpq.so.5" in needed
+
+
+@pytest.mark.parametrize("minor", claimed_minors())
+def test_each_python_runs_the_compiled_paths_of_the_payload(
+    built: Built, tmp_path: Path, minor: int
+) -> None:
+    """The unpacked launcher, run by each CPython it claims, reports psycopg's "c"
+    implementation (the system's libpq), aiohttp's C parser, multidict's C extension."""
+    run("dpkg-deb", "-x", built.deb, tmp_path)
+    python = find_cpython(minor)
+    assert python is not None
+    out = run(python, "-I", "-S", tmp_path / "usr/bin/pg_exporter", "--version").stdout
+    assert_compiled_paths(out)
+    assert f"python: CPython 3.{minor}." in out
+
+
+def test_a_python_without_a_build_falls_back_to_the_pure_paths(
+    built: Built, tmp_path: Path
+) -> None:
+    """Where the payload has no build for the running Python (a newer CPython), psycopg
+    and aiohttp run their pure-Python paths and --version says so, rather than crash."""
+    run("dpkg-deb", "-x", built.deb, tmp_path)
+    site = tmp_path / SITE.relative_to("/")
+    builds = [
+        *site.glob("psycopg_c/*.cpython-311-*.so"),
+        *site.glob("aiohttp/_http_*.cpython-311-*.so"),
+    ]
+    assert len(builds) == 4, builds
+    for module in builds:
+        module.unlink()
+    launcher = tmp_path / "usr/bin/pg_exporter"
+    out = run("/usr/bin/python3.11", "-I", "-S", launcher, "--version").stdout
+    assert "psycopg: " in out
+    assert ", python implementation (libpq " in out
+    assert ", pure-Python HTTP parser\n" in out
 
 
 def test_installed_launcher_reports_its_version_quickly(installed: None) -> None:
@@ -98,7 +171,8 @@ def test_installed_launcher_reports_its_version_quickly(installed: None) -> None
         times.append(time.monotonic() - started)
     assert f"pg_exporter version {VERSION}" in out
     assert "python: CPython 3." in out
-    assert statistics.median(times) < 1.0, times  # 0.14 s measured; wide margin for busy CI
+    assert_compiled_paths(out)
+    assert statistics.median(times) < 1.0, times  # 0.41 s measured; wide margin for busy CI
 
 
 def test_install_compiles_bytecode_for_the_target_python(installed: None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +11,9 @@ import pytest
 
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import value
-from tests.packaging.conftest import run
+from tests.packaging.conftest import REPO, assert_compiled_paths, run
 from tests.packaging.containers import UID, Podman, Running, start
+from tests.packaging.cost import LIMIT, UNCACHED, WARMUP, cpu_ratio, scrape, serving
 
 
 @pytest.fixture
@@ -57,3 +59,30 @@ def test_the_image_logs_to_stderr_and_takes_the_packages_environment(
     out, err = running.process.communicate()
     assert out == ""
     assert "level=info" in err, err
+
+
+def test_the_image_runs_the_compiled_code_paths(podman: Podman, image: str) -> None:
+    """Debian 12's python3 in the image loads psycopg's C implementation against the
+    image's libpq5, aiohttp's C parser, multidict's and yarl's C extensions."""
+    assert_compiled_paths(run(*podman.run_argv(image, "--version")).stdout)
+
+
+def test_the_image_scrape_cpu_is_within_115_percent_of_the_venv(
+    podman: Podman, image: str, cluster: LocalCluster
+) -> None:
+    """Uncached, the image's exporter (its pid seen from here) costs at most 1.15x the
+    venv's CPU per scrape, measured side by side as for the installed package."""
+    running = start(podman, image, {"PG_EXPORTER_URL": cluster.dsn()}, *UNCACHED)
+    try:
+        running.wait_for("/metrics")
+        for _ in range(WARMUP):
+            scrape(running.port)
+        inspect = run(*podman.prefix, "inspect", running.name).stdout
+        mine = (int(json.loads(inspect)[0]["State"]["Pid"]), running.port)
+        venv = [sys.executable, "-m", "exporter", "--config", str(REPO / "collectors")]
+        with serving(venv, cluster.dsn()) as theirs:
+            ratio, per_scrape = cpu_ratio(mine, theirs)
+    finally:
+        assert running.stop()[0] == 0
+    print(f"CPU per uncached scrape, ms, image / venv: {per_scrape}; {ratio:.2f}")
+    assert ratio <= LIMIT, per_scrape

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from rigs.localpg import LocalCluster
-from tests.packaging.conftest import REPO, VERSION, Built, run
+from tests.packaging.conftest import REPO, VERSION, Built, assert_compiled_paths, run
 
 SITE = "/usr/lib/pg_exporter/site-packages"
 PYTHON = Path("/usr/bin/python3.11")  # what the RHEL 9 package requires; Debian 12's python3
@@ -92,8 +92,10 @@ def test_payload_runs_with_python311(built: Built, cluster: LocalCluster, tmp_pa
     launcher = tmp_path / "usr" / "bin" / "pg_exporter"
     assert launcher.read_text().splitlines()[0] == f"#!{PYTHON} -IS"
     assert PYTHON.is_file(), "Debian 12's python3 package provides /usr/bin/python3.11"
-    assert run(launcher, "--version").stdout.startswith(f"pg_exporter version {VERSION}")
+    version = run(launcher, "--version").stdout
+    assert version.startswith(f"pg_exporter version {VERSION}")
+    assert_compiled_paths(version)  # the same payload as the .deb: RHEL 9's python3.11 ABI
     config = tmp_path / "etc" / "pg_exporter"
     assert "pg_primary" in run(launcher, "--dry-run", "-c", config).stdout
     plan = run(launcher, "--explain", "-u", cluster.dsn(), "-c", config, "-T", "5000").stdout
-    assert "pg_primary" in plan  # connected through psycopg's pure-Python libpq binding
+    assert "pg_primary" in plan  # connected through psycopg's C implementation
