@@ -7,7 +7,7 @@ Run from the repository root::
     .venv/bin/python -m bench.bigdb --go-binary /work/peer/pg_exporter-1.4.1 \\
         [--go-config PATH/pg_exporter.yml] [--versions 15,18] [--settings default,hostile] \\
         [--flavours uncached,cached] [--rounds 2] [--scrapes 5] [--json out.json]
-    .venv/bin/python -m bench.bigdb --server-time-budget half [--budget-minutes 5]
+    .venv/bin/python -m bench.bigdb --server.time-budget half [--budget-minutes 5]
 
 The workload (``bench.bigdb_build``): 20 000 tables and 40 000 indexes in one database,
 5 000 ``pg_stat_statements`` entries of an application role, 20 of them 600 KB of
@@ -23,7 +23,7 @@ RSS, series; and what ``bench.footprint`` reads: JIT time and functions, tempora
 blocks, parallel workers (the server log; ``pg_stat_statements`` too on 18), and the
 memory the exporter's backends hold after the scrapes. Before each server's trials, a
 canary statement that must get JIT and workers proves the server can and that we see
-them. ``--server-time-budget`` runs ``bench.budget_window`` instead.
+them. ``--server.time-budget`` runs ``bench.budget_window`` instead.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Server time per second against a budget, over a window (issue 31, item 2), for
-``bench.bigdb --server-time-budget``.
+``bench.bigdb --server.time-budget``.
 
 On the big database, our exporter with its default TTLs is scraped every
 ``--budget-interval`` seconds for ``--budget-minutes``, twice: without a budget, then
-with ``--server-time-budget`` passed through to it (``half``: half of what the first
+with ``--server.time-budget`` passed through to it (``half``: half of what the first
 phase measured, the issue's target). Every second a separate session reads the monitor
 role's ``sum(total_exec_time)`` in ``pg_stat_statements``; per phase: the mean server
 time per second over the whole window, the largest over one second and over any
@@ -40,7 +40,7 @@ from rigs.localpg import LocalCluster
 if TYPE_CHECKING:
     from bench.bigdb import Options
 
-FLAG = "--server-time-budget"  # the exporter's, passed through as given
+FLAG = "--server.time-budget"  # the exporter's, passed through as given
 HALF = "half"
 _RUNS = re.compile(
     r'^pg_exporter_query_scrape_(total|hit)_count\{datname="([^"]*)",query="([^"]*)"\} (\S+)$',

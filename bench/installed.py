@@ -119,7 +119,7 @@ def launcher_for(root: Path) -> library.Launcher:
         if key != INSTALLED:
             return library.launch(key, flavour, url, options)
         port = free_port()
-        uncached = ("--disable-cache", "--server-time-budget", "0") if flavour == "uncached" else ()
+        uncached = ("--disable-cache", "--server.time-budget", "0") if flavour == "uncached" else ()
         argv = (str(root / "usr/bin/pg_exporter"), "--url", url,
                 "--config", str(root / "etc/pg_exporter"), "--web.listen-address",
                 f"127.0.0.1:{port}", "--log.level", "warn", *uncached)  # fmt: skip

@@ -172,7 +172,7 @@ def launch(key: str, flavour: str, url: str, options: Options) -> Launch:
     config = options.go_config if key == OURS_GO_CONFIG else options.collectors
     # Uncached means every collector on every pass, as the Go binary runs them: no
     # server-time budget stretching the costliest after 30 s of back-to-back passes.
-    unbudgeted = ("--server-time-budget", "0") if uncached else ()
+    unbudgeted = ("--server.time-budget", "0") if uncached else ()
     argv = (ours_python(), "-m", "exporter", "--url", url, "--config", str(config),
             "--web.listen-address", listen, "--log.level", "warn", *uncached,
             *unbudgeted)  # fmt: skip

@@ -85,7 +85,7 @@ def _opened(body: bytes) -> float:
 def measure(cluster: LocalCluster, databases: int, budget: int, scrapes: int) -> Row:
     port = free_port()
     argv = (ours_python(), "-m", "exporter", "--url", cluster.dsn(), "--disable-cache",
-            "--server-time-budget", "0",  # every collector on every pass, as measured before
+            "--server.time-budget", "0",  # every collector on every pass, as measured before
             "--config", str(REPO / "collectors"),
             "--exclude-database", "template0,template1,postgres,bench_template",
             "--max-connections", str(budget), "--web.listen-address", f"127.0.0.1:{port}",

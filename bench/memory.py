@@ -172,7 +172,7 @@ def server(dsn: str | None) -> Iterator[str]:
 
 
 def _one(options: RunOptions, url: str, flavour: str, workdir: Path) -> Run:
-    extra = ("--disable-cache", "--server-time-budget", "0") if flavour == "uncached" else ()
+    extra = ("--disable-cache", "--server.time-budget", "0") if flavour == "uncached" else ()
     log = workdir / f"{flavour}.log"
     with Probe.start(url, extra, log, tree=options.tree, trace=options.trace,
                      env=options.env, trim=options.trim) as probe:  # fmt: skip

@@ -98,7 +98,7 @@ def _launch(setup: Setup, role: str, interval: float, flavour: str) -> Launch:
     if flavour == "uncached":
         argv += ("--disable-cache",)
     if setup.args.budget is not None:
-        argv += (f"--server-time-budget={setup.args.budget:g}",)
+        argv += (f"--server.time-budget={setup.args.budget:g}",)
     return Launch(f"{flavour}-{interval:g}", argv, port)
 
 
@@ -189,7 +189,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--flavours", default=",".join(FLAVOURS), help="uncached,cached")
     parser.add_argument("--scrapes", type=int, default=10, help="measured scrapes a trial")
     parser.add_argument("--warmup", type=int, default=8, help="scrapes on schedule first")
-    parser.add_argument("--budget", type=float, metavar="MS", help="--server-time-budget")
+    parser.add_argument("--budget", type=float, metavar="MS", help="--server.time-budget")
     parser.add_argument("--databases", type=int, default=0, metavar="N",
                         help="empty databases to add beside the workload's")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the trials")

@@ -111,7 +111,7 @@ def soak(options: SoakOptions, url: str, workdir: Path) -> SoakResult:
     result = SoakResult(options, load=(os.getloadavg()[0], 0.0))
     # Uncached: every collector on every pass for the hour, no server-time budget
     # stretching the costliest (issue 31), so the query path is what soaks.
-    extra = ("--disable-cache", "--server-time-budget", "0") if options.uncached else ()
+    extra = ("--disable-cache", "--server.time-budget", "0") if options.uncached else ()
     log = workdir / "exporter.log"
     with Probe.start(url, extra, log, trace=options.trace, snapshots=False) as probe:
         probe.wait_ready()

@@ -112,12 +112,12 @@ def test_ratios_show_median_and_spread_and_skip_a_zero_peer() -> None:
 
 def test_the_budget_flag_takes_a_number_or_half() -> None:
     """``half`` is kept for later; a number passes through; anything else is refused."""
-    plan = parse_args(["--server-time-budget", "half"]).budget
+    plan = parse_args(["--server.time-budget", "half"]).budget
     assert plan is not None
     assert plan.budget_ms is None
-    given = parse_args(["--server-time-budget", "150", "--budget-minutes", "1"]).budget
+    given = parse_args(["--server.time-budget", "150", "--budget-minutes", "1"]).budget
     assert given is not None
     assert (given.budget_ms, given.minutes) == (150.0, 1.0)
     assert parse_args([]).budget is None
     with pytest.raises(SystemExit):
-        parse_args(["--server-time-budget", "lots"])
+        parse_args(["--server.time-budget", "lots"])

@@ -122,9 +122,9 @@ VALUE_CASES = [
     (["--max-series", "50"], "max_series", 50),
     (["--backoff-ceiling", "90"], "backoff_ceiling", 90.0),
     (["--backoff-ceiling=0"], "backoff_ceiling", 0.0),
-    (["--server-time-budget", "50"], "server_time_budget", 50.0),
-    (["--server-time-budget=0.5"], "server_time_budget", 0.5),
-    (["--server-time-budget=0"], "server_time_budget", 0.0),
+    (["--server.time-budget", "50"], "server_time_budget", 50.0),
+    (["--server.time-budget=0.5"], "server_time_budget", 0.5),
+    (["--server.time-budget=0"], "server_time_budget", 0.0),
     (["--max-connections", "2"], "max_connections", 2),
     (["--server.max-connections", "2"], "server_max_connections", 2),
     (["--server.max-failed-logins=1"], "server_max_failed_logins", 1),
@@ -189,7 +189,7 @@ def test_empty_environment_variable_counts_as_unset(config: str) -> None:
 
 def test_every_documented_flag_is_in_the_table() -> None:
     """The flag table holds exactly §1's flags plus our --max-series,
-    --web.enable-openmetrics, --backoff-ceiling, --server-time-budget, --max-connections,
+    --web.enable-openmetrics, --backoff-ceiling, --server.time-budget, --max-connections,
     --parallel-databases and --max-total-series, the fleet's --targets.file and
     --targets.max-concurrent, and the per-server bulkheads' --server.max-connections and
     --server.max-failed-logins, with their short forms."""
@@ -210,7 +210,7 @@ def test_every_documented_flag_is_in_the_table() -> None:
         "connect-timeout": ("T", "PG_EXPORTER_CONNECT_TIMEOUT"),
         "max-series": ("", "PG_EXPORTER_MAX_SERIES"), "dry-run": ("D", ""),
         "backoff-ceiling": ("", "PG_EXPORTER_BACKOFF_CEILING"),
-        "server-time-budget": ("", "PG_EXPORTER_SERVER_TIME_BUDGET"),
+        "server.time-budget": ("", "PG_EXPORTER_SERVER_TIME_BUDGET"),
         "max-connections": ("", "PG_EXPORTER_MAX_CONNECTIONS"),
         "max-total-series": ("", "PG_EXPORTER_MAX_TOTAL_SERIES"),
         "parallel-databases": ("", "PG_EXPORTER_PARALLEL_DATABASES"),
@@ -398,14 +398,14 @@ def test_connect_timeout_floor(config: str, millis: str, seconds: float) -> None
         (["--backoff-ceiling", "soon"], "--backoff-ceiling must be a number of seconds >= 0"),
         (["--backoff-ceiling", "inf"], "--backoff-ceiling must be a number of seconds >= 0"),
         (
-            ["--server-time-budget", "-1"],
-            "--server-time-budget must be milliseconds of "
+            ["--server.time-budget", "-1"],
+            "--server.time-budget must be milliseconds of "
             "server time a second, 0 for none .a number from 0 to 1e.06.*, not '-1'",
         ),
-        (["--server-time-budget", "nan"], "--server-time-budget must be milliseconds"),
-        (["--server-time-budget", "1e400"], "--server-time-budget must be milliseconds"),
-        (["--server-time-budget", "5_0"], "--server-time-budget must be milliseconds"),
-        (["--server-time-budget", "2000000"], "--server-time-budget must be milliseconds"),
+        (["--server.time-budget", "nan"], "--server.time-budget must be milliseconds"),
+        (["--server.time-budget", "1e400"], "--server.time-budget must be milliseconds"),
+        (["--server.time-budget", "5_0"], "--server.time-budget must be milliseconds"),
+        (["--server.time-budget", "2000000"], "--server.time-budget must be milliseconds"),
         (["--max-connections", "1"], "--max-connections must be at least 2"),
         (["--max-connections", "many"], "--max-connections must be a whole number"),
         (["--server.max-connections", "1"], "--server.max-connections must be at least 2"),

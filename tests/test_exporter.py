@@ -221,7 +221,7 @@ async def test_a_pass_that_fails_after_its_request_left_is_logged(
     [
         ([], {}, 200.0),
         (["--disable-cache"], {}, 0.0),
-        (["--disable-cache", "--server-time-budget", "200"], {}, 200.0),
+        (["--disable-cache", "--server.time-budget", "200"], {}, 200.0),
         (["-C"], {"PG_EXPORTER_SERVER_TIME_BUDGET": "50"}, 50.0),
         ([], {"PG_EXPORTER_DISABLE_CACHE": "true"}, 0.0),
     ],

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config.flags import BY_LONG, FLAGS, Kind, bool_text, help_text, scan, version_text
+from exporter.config.flags import (
+    BY_LONG,
+    FLAGS,
+    NAMESPACES,
+    Kind,
+    bool_text,
+    help_text,
+    scan,
+    version_text,
+)
 from exporter.errors import InfoRequested, UsageError
 
 
@@ -124,7 +133,7 @@ def test_the_table_is_consistent() -> None:
     """Names, short letters and variables are unique; every variable is PG_EXPORTER_*."""
     shorts = [flag.short for flag in FLAGS if flag.short]
     envs = [flag.env for flag in FLAGS if flag.env]
-    assert len(BY_LONG) == len(FLAGS)
+    assert len(BY_LONG) == len(FLAGS) + sum(len(flag.aliases) for flag in FLAGS)
     assert len(set(shorts)) == len(shorts)
     assert len(set(envs)) == len(envs)
     assert all(env.startswith("PG_EXPORTER_") for env in envs)
@@ -138,3 +147,19 @@ def test_help_shows_every_flag_with_its_variable_and_default() -> None:
         synopsis = {Kind.SWITCH: f"--[no-]{flag.name}", Kind.ACTION: f"--{flag.name}"}
         assert synopsis.get(flag.kind, f"--{flag.name}={flag.metavar}") in text
     assert "[$PG_EXPORTER_MAX_CONNECTIONS] (default: 4)" in text.replace("\n      ", " ")
+
+
+def test_our_flags_follow_one_naming_rule() -> None:
+    """Issue 37: a dot only after a namespace (web., log., targets., server.), hyphens
+    within a name; every older spelling still read as the flag it became."""
+    for flag in FLAGS:
+        namespace, dot, rest = flag.name.rpartition(".")
+        if dot:
+            assert namespace in NAMESPACES or namespace == "web.config", flag.name
+        assert rest == rest.lower(), flag.name
+        assert "_" not in rest, flag.name
+        for alias in flag.aliases:
+            assert BY_LONG[alias] is flag
+    assert scan(["--server-time-budget", "50"]) == {"server.time-budget": ["50"]}  # alias
+    assert scan(["--server.time-budget=50"]) == {"server.time-budget": ["50"]}
+    assert "(also --server-time-budget)" in help_text()

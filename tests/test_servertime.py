@@ -268,7 +268,7 @@ def test_collectors_stretched_together_come_due_apart() -> None:
 
 
 def test_without_a_budget_the_demand_is_still_measured() -> None:
-    """--server-time-budget 0: nothing is stretched, but what the collectors take is known,
+    """--server.time-budget 0: nothing is stretched, but what the collectors take is known,
     to choose a budget from."""
     clock = FakeClock()
     database = _database(clock, [_collector("dear", priority=101)], [0.5])
@@ -278,7 +278,7 @@ def test_without_a_budget_the_demand_is_still_measured() -> None:
     assert budget.plan == {}
     assert database.runtimes["dear"].stretch == 0.0
     assert budget.demand == pytest.approx(0.5)
-    assert budget.describe(clock.now).startswith("none (--server-time-budget 0); measured")
+    assert budget.describe(clock.now).startswith("none (--server.time-budget 0); measured")
 
 
 # --- a stretched runtime --------------------------------------------------------------

@@ -50,8 +50,8 @@ async def _acquire_within(lock: asyncio.Lock, seconds: float) -> bool:
 def _budget_off(settings: Settings) -> str:
     """Why there is no server-time budget, as ``/explain`` says it."""
     if settings.server_time_budget is None and settings.disable_cache:
-        return "--disable-cache, and no --server-time-budget given"
-    return "--server-time-budget 0"
+        return "--disable-cache, and no --server.time-budget given"
+    return "--server.time-budget 0"
 
 
 def _report_orphan_failure(task: asyncio.Task[Snapshot]) -> None:

@@ -197,7 +197,7 @@ class ServerTimeBudget:
         budget_ms: float,
         window: float = WINDOW,
         random: Random = _random.random,
-        off: str = "--server-time-budget 0",
+        off: str = "--server.time-budget 0",
     ) -> None:
         self.budget = max(0.0, budget_ms) / 1000.0  # seconds of server time per second
         self.off = off  # why there is none, when there is none

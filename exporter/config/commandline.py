@@ -74,7 +74,7 @@ def _settings(src: _Source, url: str, path_problems: PathProblems) -> Settings:
         connect_timeout=_connect_timeout(src),
         max_series=_whole(src, "max-series", defaults.DEFAULT_MAX_SERIES, rules.MAX_SERIES),
         backoff_ceiling=_backoff_ceiling(src),
-        server_time_budget=_given_amount(src, "server-time-budget", rules.SERVER_TIME_BUDGET_MS),
+        server_time_budget=_given_amount(src, "server.time-budget", rules.SERVER_TIME_BUDGET_MS),
         max_connections=_whole(
             src, "max-connections", defaults.DEFAULT_MAX_CONNECTIONS, rules.MAX_CONNECTIONS
         ),

@@ -44,6 +44,15 @@ class Flag:
     metavar: str
     default: str  # as shown by --help
     help: str
+    aliases: tuple[str, ...] = ()  # older spellings, still read
+
+
+#: How our own flags are named (issue 37), as the Go exporter's kingpin flags are: a dot
+#: follows a namespace of what the flag bounds or serves (``web.``, ``log.``,
+#: ``targets.`` a fleet, ``server.`` what we take of a PostgreSQL server: connections,
+#: failed logins, time), hyphens join the words of a name; a flag outside any namespace
+#: is a plain name (``--max-series``). An older spelling stays an alias.
+NAMESPACES = ("web", "log", "targets", "server")
 
 
 _V, _L, _S, _A = Kind.VALUE, Kind.LIST, Kind.SWITCH, Kind.ACTION
@@ -105,12 +114,13 @@ FLAGS = (
          "Longest wait before a collector that keeps failing runs again: the wait starts at "
          "its ttl and doubles with each failure in a row, with jitter. 0 waits the ttl only. "
          "A collector's own backoff_ceiling overrides it."),
-    Flag("server-time-budget",  "",  _ENV + "SERVER_TIME_BUDGET", _V, "MS",
+    Flag("server.time-budget",  "",  _ENV + "SERVER_TIME_BUDGET", _V, "MS",
          f"{defaults.DEFAULT_SERVER_TIME_BUDGET_MS:g}",
          "Most milliseconds of server time a second the exporter's statements may take, "
          "averaged over 5 minutes: over it, the costliest of the least important collectors "
          "are refreshed less often, never beyond their back-off ceiling, never a fatal one. "
-         "0: no budget. With --disable-cache there is none unless this is given."),
+         "0: no budget. With --disable-cache there is none unless this is given.",
+         aliases=("server-time-budget",)),
     Flag("max-connections",     "",  _ENV + "MAX_CONNECTIONS", _V, "N",
          str(defaults.DEFAULT_MAX_CONNECTIONS),
          "Most connections the exporter holds to its target at once, the health probe's "
@@ -151,7 +161,7 @@ FLAGS = (
     Flag("log.format",          "",  "",                     _V, "FORMAT",   "logfmt",
          "Log format on stderr: " + ", ".join(FORMATS) + "."),
 )  # fmt: skip
-BY_LONG = {flag.name: flag for flag in FLAGS}
+BY_LONG = {name: flag for flag in FLAGS for name in (flag.name, *flag.aliases)}
 _BY_SHORT = {flag.short: flag for flag in FLAGS if flag.short}
 
 
@@ -249,6 +259,8 @@ def help_text() -> str:
             notes.append(f"[${flag.env}]")
         if flag.default:
             notes.append(f"(default: {flag.default})")
+        if flag.aliases:
+            notes.append("(also " + ", ".join(f"--{a}" for a in flag.aliases) + ")")
         lines.extend(
             textwrap.wrap(" ".join(notes), 88, initial_indent=" " * 6, subsequent_indent=" " * 6)
         )

@@ -284,7 +284,7 @@ class SelfMetrics:
                          "seconds the exporter's statements took, as the client waited for them",
                          budget.meter.total),
             self._single("exporter_server_time_budget_ratio", "gauge",
-                         "--server-time-budget: seconds of server time a second; 0 for none",
+                         "--server.time-budget: seconds of server time a second; 0 for none",
                          budget.budget),
             self._single("exporter_server_time_demand_ratio", "gauge",
                          "seconds a second the collectors would take unstretched, as predicted",

@@ -56,7 +56,7 @@ def wait_ready(process: subprocess.Popen[bytes], port: int) -> None:
 
 
 #: Every collector on every pass, with no server-time budget holding the dearest back.
-UNCACHED = ("--disable-cache", "--server-time-budget", "0", "--log.level", "warn")
+UNCACHED = ("--disable-cache", "--server.time-budget", "0", "--log.level", "warn")
 
 
 @contextlib.contextmanager
