@@ -51,8 +51,16 @@ def conninfo_for(url: str, dbname: str | None, connect_timeout: float) -> str:
     return make_conninfo(url, **extra)
 
 
-#: How a transaction of ours ends (issue 36): one round trip, one server connection.
+#: How a transaction of ours ends (issue 36), in one round trip on one server connection:
+#: everything it set is rolled back, then the session advisory locks a function we
+#: called took (a rollback keeps them) are let go, under the guards the login gave or,
+#: where it gave none, in a guarded transaction of its own: a function may have turned
+#: JIT on for the rest of our transaction, never past it.
 END_OWN_TRANSACTION = "ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()"
+END_UNGUARDED_TRANSACTION = (
+    "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; "
+    "SET LOCAL jit = off; SELECT pg_catalog.pg_advisory_unlock_all(); ROLLBACK"
+)
 
 
 def logged_in_guarded(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
@@ -246,7 +254,9 @@ async def settle(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
         # advisory lock it took outlives a rollback, so it is let go in the same round trip
         # (behind a pooler the next application would otherwise find it held).
         if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-            await conn.execute(END_OWN_TRANSACTION, prepare=False)
+            guarded = logged_in_guarded(conn)
+            end = END_OWN_TRANSACTION if guarded else END_UNGUARDED_TRANSACTION
+            await conn.execute(end, prepare=False)
         elif status != TransactionStatus.IDLE:
             return False
     except psycopg.Error:
