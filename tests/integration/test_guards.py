@@ -13,6 +13,8 @@ import psycopg
 import pytest
 
 from exporter.pg import guards
+from exporter.web.appstate import STATE
+from rigs.localbouncer import LocalPgBouncer
 from rigs.localpg import LocalCluster
 from tests.fixtures.helpers import tenant_database, value
 from tests.fixtures.rawhttp import Start, get
@@ -310,3 +312,58 @@ async def _scrape_beside(
                          deferrable="off") == 1, response.text  # fmt: skip
     finally:
         await holder.close()
+
+
+class _AsRole(LocalPgBouncer):
+    """pgBouncer pooling one database, logging in to it as one role (a forced user)."""
+
+    def __init__(self, cluster: LocalCluster, role: str, database: str) -> None:
+        super().__init__(cluster, databases=(database,))
+        self.role = role
+
+    def _config(self) -> str:
+        return super()._config().replace("pool_size=2", f"user={self.role} pool_size=2")
+
+
+async def test_through_a_pooler_our_statements_launch_no_parallel_worker(
+    pg18: LocalCluster, start: Start
+) -> None:
+    """Finding 8 behind pgBouncer, which refuses login options: on a database whose owner
+    forces parallel plans, none of our statements (the preflight, the limits, the
+    collectors, the end of our transactions, the health probe's) launches a worker; the
+    owner's own statement under the same defaults does."""
+    tempting = {
+        "debug_parallel_query": "on",
+        "max_parallel_workers_per_gather": "8",
+        "parallel_setup_cost": "0",
+        "parallel_tuple_cost": "0",
+        "min_parallel_table_scan_size": "0",
+    }
+    with tenant_database(pg18, "pw") as (database, tenant, monitor):
+        for name, setting in tempting.items():
+            pg18.psql(f"ALTER DATABASE {database} SET {name} = '{setting}'")
+        pg18.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        oid = pg18.psql(f"SELECT oid FROM pg_roles WHERE rolname = '{monitor}'")
+        with _AsRole(pg18, monitor, database) as bouncer:
+            url = bouncer.dsn(database)
+            collectors = _COLLECTORS.split("g2_hold:", maxsplit=1)[0]
+            served = await start(pg18, collectors, disable_cache=True, url=url)
+            for _ in range(3):
+                response = await get(served.port)
+                assert response.status == 200, response.text
+                assert value(response.text, "pg_up") == 1
+            main = served.app[STATE].exporter.main
+            assert main.facts is not None
+            assert main.facts.own_transaction, "through pgBouncer: a transaction per collector"
+        row = pg18.psql(
+            "SELECT count(*), coalesce(sum(parallel_workers_launched), 0)"
+            f" FROM pg_stat_statements WHERE userid = {oid}"
+        )
+        statements, workers = (int(x) for x in row.split("|"))
+        assert statements > 5, row
+        assert workers == 0, row
+        tempted = pg18.psql(
+            f"SET ROLE {tenant}; EXPLAIN (ANALYZE, COSTS OFF) SELECT count(*) FROM pg_class",
+            dbname=database,
+        )
+        assert "Workers Launched: " in tempted, tempted
