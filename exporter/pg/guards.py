@@ -24,8 +24,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-#: Memory a sort or hash of ours may take before spilling, at most (kB): PostgreSQL's own
-#: default. A server configured lower keeps its lower value (issue 31).
+#: Memory a sort or hash of ours may take before spilling (kB): PostgreSQL's own default,
+#: pinned at login (issue 36), whatever the server, database or role set.
 WORK_MEM_CAP_KB = 4096
 #: Temporary disk one statement of ours may fill, at most (kB), where our role may set
 #: ``temp_file_limit`` (a superuser, or granted SET on it from PostgreSQL 15).
