@@ -77,11 +77,14 @@ def sleeper(
 ) -> str:
     return f"""
     rel_{marker}:
-      query: SELECT 1 AS v FROM pg_sleep({seconds}) WHERE '{marker}' <> ''
+      query: >-
+        SELECT pg_catalog.current_database() AS datname, 1 AS v FROM pg_sleep({seconds})
+         WHERE '{marker}' <> ''
       ttl: {ttl}
       timeout: {timeout}
       priority: {priority}
       metrics:
+        - datname: {{usage: LABEL, description: each database runs it}}
         - v: {{usage: GAUGE, description: a slow collector}}
     """
 
