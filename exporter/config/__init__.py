@@ -13,6 +13,7 @@ read and validated into frozen objects. No database, no HTTP, no event loop.
 - ``validation``: one collector branch into a :class:`definitions.Collector`.
 - ``definitions``: what collectors exist, as frozen objects.
 - ``columns``: a branch's ``metrics`` list into columns.
+- ``top``: a branch's ``top`` mapping (rank the rows, name the busiest keys).
 - ``sqltext``: where a collector's SQL statements end, as PostgreSQL's lexer says.
 - ``target``: the target URL as libpq reads it.
 - ``targetsfile``: a fleet's targets file.

@@ -60,6 +60,26 @@ class Predicate:
     ttl: float = 0.0
 
 
+#: What a remainder series carries in place of each key label (``top.other``'s default).
+DEFAULT_OTHER = "other"
+#: Seconds a named key must rank outside the band before it may leave (``top.hold``).
+DEFAULT_HOLD = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Top:
+    """``top``: publish at most ``limit`` keys by the recent rate of counter ``by``, the
+    rest summed into one remainder series per metric and per kept labels (issue 38)."""
+
+    by: str  # the COUNTER column whose rate ranks the keys
+    limit: int  # at most this many keys named at once
+    band: int  # a named key may leave only after ranking beyond this for ``hold`` seconds
+    hold: float = DEFAULT_HOLD
+    churn: float = 0.0  # new keys that may be named per hour, heavy hitters aside
+    keep: tuple[str, ...] = ()  # LABEL columns the remainder keeps (e.g. datname)
+    other: str = DEFAULT_OTHER  # the remainder's value for every other LABEL column
+
+
 @dataclass(frozen=True, slots=True)
 class Collector:
     """One branch of a collector file (a top-level key)."""
@@ -80,6 +100,7 @@ class Collector:
     tags: tuple[str, ...] = ()
     max_series: int | None = None  # per-collector series cap; None uses the global one
     backoff_ceiling: float | None = None  # seconds; None uses --backoff-ceiling (D15)
+    top: Top | None = None  # rank the rows and name only the busiest keys (issue 38)
     source: str = ""  # file the branch came from, for messages
 
     @property

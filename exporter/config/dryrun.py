@@ -54,6 +54,10 @@ def _collector_fields(collector: Collector) -> dict[str, object]:
         fields["max_series"] = collector.max_series
     if collector.backoff_ceiling is not None:
         fields["backoff_ceiling"] = collector.backoff_ceiling
+    if (top := collector.top) is not None:
+        ranked: dict[str, object] = {"by": top.by, "limit": top.limit, "band": top.band}
+        ranked |= {"hold": top.hold, "churn": top.churn, "keep": list(top.keep), "other": top.other}
+        fields["top"] = ranked
     if collector.predicates:
         fields["predicate_queries"] = [
             {"name": p.name, "predicate_query": p.sql, "ttl": p.ttl} for p in collector.predicates

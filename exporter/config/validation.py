@@ -23,12 +23,13 @@ from exporter.config.definitions import (
 )
 from exporter.config.problems import Notes, kind_of
 from exporter.config.sqltext import collector_sql_problem
+from exporter.config.top import read_top
 from exporter.errors import Problem, excerpt, shorten
 
 BRANCH_FIELDS = frozenset(
     {"name", "desc", "query", "predicate_queries", "ttl", "timeout", "priority"}
     | {"min_version", "max_version", "fatal", "skip", "tags", "metrics", "max_series"}
-    | {"backoff_ceiling"}
+    | {"backoff_ceiling", "top"}
 )
 PREDICATE_FIELDS = frozenset({"name", "predicate_query", "ttl"})
 ARGUMENT_TAGS = ("extension:", "schema:", "dbname:", "username:", "not:")
@@ -57,6 +58,7 @@ def read_branch(notes: Notes, key: object, body: object, default_priority: int) 
     else:
         _check_sql(notes, f"{key}.query", query)
     columns = read_metrics(notes, key, name, body.get("metrics"))
+    top = read_top(notes, key, body.get("top"), columns)
     predicates = _read_predicates(notes, key, body.get("predicate_queries"))
     tags = _read_tags(notes, f"{key}.tags", body.get("tags"))
     scheduling = _read_scheduling(notes, key, body, default_priority)
@@ -81,6 +83,7 @@ def read_branch(notes: Notes, key: object, body: object, default_priority: int) 
         skip=scheduling.skip,
         max_series=scheduling.max_series,
         backoff_ceiling=scheduling.backoff_ceiling,
+        top=top,
     )
 
 
