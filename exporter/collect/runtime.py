@@ -25,6 +25,7 @@ from exporter.collect.backoff import (
     spread,
 )
 from exporter.collect.cache import Entry, Outcome, fresh_since, is_fresh
+from exporter.collect.ranking import Ranking
 from exporter.config.definitions import Collector, Predicate
 from exporter.config.settings import DEFAULT_BACKOFF_CEILING
 from exporter.pg.loginrate import Random
@@ -101,6 +102,7 @@ class CollectorRuntime:
     answers: dict[str, Answer] = field(default_factory=dict)  # by predicate name (D17)
     shed: bool = False  # the breaker left it out of the last pass (D16)
     stretch: float = 0.0  # the ttl the server-time budget stretched it to; 0: none (issue 31)
+    ranking: Ranking | None = None  # a ``top`` collector's keys across runs (issue 38)
 
     @property
     def ran(self) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import errors as pgerrors
 
+from exporter.collect import topn
 from exporter.collect.budget import Budget, RequestEnded, deadline, until_request_ends
 from exporter.collect.cache import Entry, Outcome
 from exporter.collect.runtime import CollectorRuntime
@@ -194,21 +195,28 @@ class Session:
         if session and collector.predicates:
             self._check_read_only(conn, collector)  # a predicate may have turned it off
         if self.pgbouncer:
-            return await self._build(collector, postgres.console_batches(cur, collector.query))
+            return await self._build(
+                collector, postgres.console_batches(cur, collector.query), runtime
+            )
         query = collector.query
         text = await self._statement(conn, cur, collector, datname) if session else query
         try:
-            return await self._build(collector, postgres.stream_batches(cur, text))
+            return await self._build(collector, postgres.stream_batches(cur, text), runtime)
         except (pgerrors.InvalidSqlStatementName, pgerrors.FeatureNotSupported) as exc:
             if text == collector.query or not self._forget_statement(text, exc):
                 raise
         # The prepared statement is gone or its plan no longer fits: run it as text.
-        return await self._build(collector, postgres.stream_batches(cur, collector.query))
+        return await self._build(collector, postgres.stream_batches(cur, collector.query), runtime)
 
-    async def _build(self, collector: Collector, rows: Batches) -> SampleBuilder | None:
-        """Samples from the batches of ``rows``, stopping at the series cap (D9)."""
+    async def _build(
+        self, collector: Collector, rows: Batches, runtime: CollectorRuntime | None = None
+    ) -> SampleBuilder | None:
+        """Samples from the batches of ``rows``, stopping at the series cap (D9); a ``top``
+        collector's rows ranked first, its busiest keys named (issue 38)."""
         builder: SampleBuilder | None = None
         cap = collector.max_series or self.max_series
+        if runtime is not None and collector.top is not None:
+            rows = topn.ranked(runtime, rows, self.clock, cap)
         async with aclosing(rows) as batches:
             async for names, types, batch in batches:
                 if builder is None:
