@@ -52,6 +52,7 @@ FORMAT_FIELDS = frozenset(
     {"name", "desc", "query", "predicate_queries", "ttl", "timeout", "priority", "fatal"}
     | {"min_version", "max_version", "skip", "tags", "metrics", "max_series"}
     | {"predicate_query", "usage", "rename", "description", "default", "scale", "bucket"}
+    | {"top", "by", "limit", "band", "hold", "churn", "keep", "other"}  # ours (issue 38)
 )
 SELF_METRICS = frozenset({"pg_up", "pg_version", "pg_in_recovery"})
 FILE_NAME = re.compile(r"(\d{4})-([a-z0-9-]+)\.yml")
