@@ -39,7 +39,7 @@ class Reader:
     def scrape(self, ranking: Ranking, now: float, counters: dict[Key, list[float]]) -> set[Key]:
         decision = ranking.run(now, [(key, GROUP, values) for key, values in counters.items()])
         served = {key: shown for key, shown in decision.named.items() if key in counters}
-        served |= {("other", "db"): values for values in decision.remainder.values()}
+        served |= {("other", str(group[0])): v for group, v in decision.remainder.items()}
         for series, values in served.items():
             before = self.last.get(series)
             if before is not None:
