@@ -57,7 +57,7 @@ def make_plan(definitions: Definitions, facts: ServerFacts, exporter_tags: Seque
             skipped.append(Skipped(collector, named))
             continue
         planned.append(named)
-        if reach is not None and reach.search(_texts(collector)):
+        if reach.search(_texts(collector)):
             fenced.add(collector.key)  # the text as written, before @extschema@ is named
     return Plan(facts, tuple(planned), tuple(skipped), frozenset(fenced))
 
@@ -90,10 +90,11 @@ def _texts(collector: Collector) -> str:
     return "\n".join((collector.query, *(p.sql for p in collector.predicates)))
 
 
-def untrusted_reach(facts: ServerFacts) -> re.Pattern[str] | None:
+def untrusted_reach(facts: ServerFacts) -> re.Pattern[str]:
     """What in a collector's SQL names a schema that roles other than superusers and ours
-    may write (``app.jobs``, ``"App".jobs``), or spells a name in Unicode escapes, which a
-    plain reading cannot see through; None when the database has no such schema.
+    may write (``app.jobs``, ``"App".jobs``, in a string too), or spells a name in Unicode
+    escapes, which a plain reading cannot see through. Schema names start ``pg_`` only
+    for the system's: no role may create one.
 
     Such a collector may run code a tenant wrote (a view's functions, a row-security
     policy), so it runs in a transaction of its own, rolled back: whatever that code sets

@@ -366,8 +366,8 @@ async def _dial_guarded(
     """Dial with the guards at login (issue 36), from the first byte: at a first login the
     ones every major has, then this server's whole set once a session proved direct;
     none where a session of the role was not direct. A server (or pooler) that refuses
-    them at login is dialled again without them, and not given them again: collectors
-    then run in transactions of their own, which carry them."""
+    them at login is dialled again without them, and not given them again: our
+    statements then get them after login (``session``, ``limits``)."""
     if database_of(conninfo) == PGBOUNCER_DATABASE:  # its admin console: no settings (D4)
         return await connector(conninfo, connect_timeout)
     role = postgres.role_of(conninfo)
