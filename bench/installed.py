@@ -42,6 +42,7 @@ import exporter
 from bench import library
 from bench.cluster import REPO
 from bench.exporters import ExporterFailed, Launch
+from bench.library import _fmt, _progress
 from rigs.localpg import LocalCluster, free_port, pg18_bindir
 
 INSTALLED, VENV, GO = "installed", library.OURS, library.GO
@@ -194,14 +195,6 @@ def _ratio(rows: list[library.Pass], mine: str, peer: str, field: str) -> str:
     if not ratios:
         return "n/a"
     return f"{statistics.median(ratios):.2f}× [{min(ratios):.2f}–{max(ratios):.2f}]"
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
