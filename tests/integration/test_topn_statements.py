@@ -1,6 +1,5 @@
-"""A collector ranked with ``top`` on a real PostgreSQL 18 (issue 38): the library's
-pg_query reading every statement, named and remainder, while the busy statements move,
-account for every call, scraped over HTTP."""
+"""pg_query ranked on a real PostgreSQL 18 (issue 38): while the busy statements move,
+the named series and the remainder account for every call, scraped over HTTP."""
 
 from __future__ import annotations
 
@@ -18,25 +17,11 @@ LIBRARY = Path(__file__).parents[2] / "collectors" / "0340-pg-query.yml"
 SHAPES, LIMIT, PASSES = 24, 5, 6
 
 
-# What the library keeps as the Go config does (the 128 dearest run more than 4 times),
-# taken out so that every statement is read and ranked.
-_KEPT = ("WHERE s.queryid IS NOT NULL AND s.calls > 4", "ORDER BY sum(s.total_exec_time) DESC")
-
-
 def _pg_query(limit: int) -> str:
-    """The library's pg_query reading every statement, run at every scrape (ttl 0),
-    ranked by execution time naming ``limit`` keys, a remainder per database."""
+    """The library's pg_query, run at every scrape (ttl 0) and naming ``limit`` keys."""
     branches = yaml.safe_load(LIBRARY.read_text())
-    query = branches["pg_query"]["query"]
-    assert all(part in query for part in _KEPT), "the library's pg_query changed: adapt"
-    query = query.replace(_KEPT[0], "WHERE s.queryid IS NOT NULL").replace(_KEPT[1], "")
-    query = query.replace("LIMIT 128", "")
-    branches["pg_query"] |= {
-        "query": query,
-        "ttl": 0,
-        "timeout": 10,
-        "top": {"by": "exec_time", "limit": limit, "keep": ["datname"]},
-    }
+    branches["pg_query"] |= {"ttl": 0, "timeout": 10}
+    branches["pg_query"]["top"] |= {"limit": limit}
     return yaml.safe_dump(branches)
 
 
