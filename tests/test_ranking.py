@@ -244,6 +244,22 @@ def test_a_key_leaves_only_after_ranking_beyond_the_band_for_the_hold() -> None:
     assert all(len(named) <= 2 for named in named_over)
 
 
+def test_only_the_keys_that_moved_are_looked_at_and_idle_rates_fade() -> None:
+    """A key whose cells read as at its last sample is not observed again (its state is
+    the same object, its last values untouched), and its rate fades as if decayed run by
+    run: after one WINDOW it is e^-1 of what it was."""
+    ranking = _ranking(limit=1, band=1)
+    busy, idle = _key(1), _key(2)
+    ranking.run(0, [(busy, GROUP, [0, 0]), (idle, GROUP, [0, 0])])
+    ranking.run(10, [(busy, GROUP, [1, 10]), (idle, GROUP, [1, 60])])
+    rate = ranking.keys[idle].rate_at(10)
+    assert rate == pytest.approx(6.0)
+    for n in range(2, 8):
+        ranking.run(10.0 * n, [(busy, GROUP, [n, 10 * n]), (idle, GROUP, [1, 60])])
+    assert ranking.keys[idle].at == 10  # never observed again
+    assert ranking.keys[idle].rate_at(70) == pytest.approx(rate * math.exp(-1))
+
+
 def test_state_of_keys_unseen_for_twice_the_hold_is_dropped() -> None:
     """Memory is bounded by the keys seen lately: a key absent for 2 × hold is forgotten,
     and so is its group's remainder when the whole group is gone."""
@@ -270,10 +286,11 @@ def test_a_key_spelt_like_the_remainder_is_never_named() -> None:
     series share a label set."""
     ranking = _ranking(limit=2)
     spelt = ("other", "db")
-    ranking.run(0, [(spelt, GROUP, [0, 0]), (_key(1), GROUP, [0, 0])])
+    first = ranking.run(0, [(spelt, GROUP, [0, 0]), (_key(1), GROUP, [0, 0])])
+    assert set(first.named) == {_key(1)}  # no more keys than the limit: all but the spelt
     decision = ranking.run(10, [(spelt, GROUP, [0, 100]), (_key(1), GROUP, [0, 1])])
-    assert set(decision.named) == {_key(1)}
-    assert decision.remainder[GROUP][1] == 100 + 1  # both entered or stayed out this run
+    assert decision.named == {_key(1): [0, 1]}
+    assert decision.remainder[GROUP] == [0, 100]
 
 
 def test_null_and_nan_counters_count_nothing() -> None:

@@ -63,6 +63,22 @@ def test_every_problem_is_noted_at_its_field() -> None:
     ]
 
 
+def test_gauges_the_remainder_sums_or_takes_the_largest_of() -> None:
+    """``sum`` and ``max`` name GAUGE columns; a column of another usage, or in both, is
+    refused at its place."""
+    metrics = [*METRICS, {"age": {"usage": "GAUGE"}}]
+    top = {"by": "calls", "limit": 3, "sum": ["mean"], "max": ["age"]}
+    collector, notes = _branch(top, metrics)
+    assert notes.problems == []
+    assert collector is not None
+    assert collector.top is not None
+    assert (collector.top.sum, collector.top.max) == (("mean",), ("age",))
+    wrong = {"by": "calls", "limit": 3, "sum": ["calls", "mean"], "max": ["mean"]}
+    collector, notes = _branch(wrong, metrics)
+    assert collector is None
+    assert [p.location for p in notes.problems] == ["c.yml:pg_q.top.sum[0]", "c.yml:pg_q.top.max"]
+
+
 def test_a_band_narrower_than_the_limit_is_refused() -> None:
     """The band is where a named key may rank without starting to leave: at least limit."""
     collector, notes = _branch({"by": "calls", "limit": 10, "band": 9})

@@ -31,6 +31,7 @@ def _collector(limit: int = 1, **top: object) -> Collector:
         Column("time", Usage.COUNTER, scale=0.001),
         Column("size", Usage.GAUGE),
     )
+    top = {"sum": ("size",)} | top
     ranked = Top("time", limit, 2 * limit, 600, 0, ("datname",), **top)  # type: ignore[arg-type]
     return Collector(key="pg_q", name="pg_q", query="SELECT 1", columns=columns, top=ranked)
 
@@ -143,5 +144,41 @@ async def test_a_remainder_value_of_our_choosing_labels_the_remainder() -> None:
     """``other`` sets what the remainder's ranked labels read."""
     session = Session(pgbouncer=False, const_labels=(), max_series=100, clock=FakeClock())
     runtime = CollectorRuntime(_collector(other="(rest)"))
-    found = await _scrape(session, runtime, _rows({("a", 1): 10}))
+    found = await _scrape(session, runtime, _rows({("a", 1): 10, ("a", 2): 20}))
     assert ("pg_q_calls", "a", "(rest)") in found
+
+
+async def test_a_collector_with_no_more_keys_than_its_limit_publishes_as_without_top() -> None:
+    """Nothing to rank: from the first run every key is named with its own values and
+    no remainder is published; it appears with the first key left unnamed, and stays."""
+    session = Session(pgbouncer=False, const_labels=(), max_series=100, clock=FakeClock())
+    runtime = CollectorRuntime(_collector(limit=2))
+    first = await _scrape(session, runtime, _rows({("a", 1): 10, ("a", 2): 20}))
+    assert first == {
+        ("pg_q_calls", "a", "1"): 10, ("pg_q_time", "a", "1"): 0.02, ("pg_q_size", "a", "1"): 100,
+        ("pg_q_calls", "a", "2"): 20, ("pg_q_time", "a", "2"): 0.04, ("pg_q_size", "a", "2"): 100,
+    }  # fmt: skip
+    second = _rows({("a", 1): 110, ("a", 2): 120, ("a", 3): 5})  # a quiet newcomer
+    found = await _scrape(session, runtime, second)
+    assert {q for _, _, q in found} == {"1", "2", "other"}
+    assert found[("pg_q_calls", "a", "other")] == 5  # the newcomer's calls, from zero
+    found = await _scrape(session, runtime, _rows({("a", 1): 210, ("a", 2): 220}))
+    assert found[("pg_q_calls", "a", "other")] == 5  # stays, and never falls
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"), [({"sum": ()}, None), ({"sum": (), "max": ("size",)}, 300)]
+)
+async def test_a_gauge_the_remainder_neither_sums_nor_maxes_has_no_remainder_sample(
+    how: dict[str, object], expected: float | None
+) -> None:
+    """A gauge not in ``sum`` has no series in the remainder (not even NaN or its default);
+    one in ``max`` carries the largest value of the keys not named."""
+    session = Session(pgbouncer=False, const_labels=(), max_series=100, clock=FakeClock())
+    runtime = CollectorRuntime(_collector(1, **how))
+    rows: list[tuple[object, ...]] = [
+        ("a", 1, "10", 20.0, 100), ("a", 2, "10", 20.0, 300), ("a", 3, "1", 2.0, None)
+    ]  # fmt: skip
+    found = await _scrape(session, runtime, rows)
+    assert found[("pg_q_calls", "a", "other")] == 0
+    assert found.get(("pg_q_size", "a", "other")) == expected

@@ -19,19 +19,27 @@ remembered (its series exists already); it carries ``HEAVY_SHARE`` of the total 
 ``churn`` an hour, at most ``BURST`` hours' worth, starting empty). It takes a free
 slot, or the slot of the slowest named key that ranked beyond ``band`` for ``hold``
 seconds; a heavy hitter without such a slot takes the slowest other key's. At most
-``limit`` keys are named at once. Nothing is named in the first run, which has no
-rates.
+``limit`` keys are named at once. The first run has no rates: it names every key when
+there are at most ``limit`` (nothing to rank: the output is the collector's own, as
+without ``top``), else none. A group's remainder is published from the first run in
+which one of its keys is not named.
+
+Cost: a key whose counters read exactly as at its last sample (most keys of a large
+table of statistics, between two runs) costs a comparison of its cells; only the keys
+that moved are converted and accounted. Rates fade lazily: a key's rate is kept with
+the time it was set and read as ``rate × e^(-age / WINDOW)``, which is what a key that
+stopped would have after as many runs of decay.
 
 Memory: one :class:`_Key` per key seen in the last ``forget`` seconds (2 × hold, at
-least ``WINDOW``), never more than ``max_keys`` (the oldest absent ones go first).
+least ``WINDOW``, swept at most every ``WINDOW``), never more than ``max_keys`` (the
+oldest absent ones go first).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from exporter.config.definitions import Top
@@ -45,10 +53,20 @@ HEAVY_SHARE = 0.08
 BURST = 1 / 12
 #: Keys remembered at most, per collector and database.
 MAX_KEYS = 200_000
+#: A rate set this many WINDOWs ago has faded below e^-10 of itself: taken as 0.
+FADED = 10.0
 
 Key = tuple[str, ...]
 Group = tuple[Hashable, ...]
 Values = Sequence[float | None]
+#: The counters of a row as the caller has them, and how they become numbers.
+Cells = Sequence[object]
+Numbers = Callable[[Cells], Values]
+
+
+def _as_numbers(cells: Cells) -> Values:
+    """Cells that are numbers already (or None): as they are."""
+    return cells  # type: ignore[return-value]
 
 
 @dataclass(slots=True, eq=False)
@@ -56,20 +74,27 @@ class _Key:
     """What is remembered of one key."""
 
     group: Group
-    last: array[float]  # the counters at the last sample; NaN: none yet
-    seen: float  # when last present
-    rate: float = 0.0  # per second, of the ranking counter
-    rated: bool = False  # its rate was measured once: later ones are weighted in
+    last: list[float]  # the counters at the last sample; NaN: none yet
+    seen: float  # when last known present (swept keys: within WINDOW)
+    rate: float = 0.0  # per second, of the ranking counter, as it was at ``at``
+    at: float | None = None  # when ``rate`` was set; None: never measured
     value: float = 0.0  # the ranking counter's last value: the tie-break
     was_named: bool = False  # its series exists already: naming it again is free
-    shown: array[float] | None = None  # what its series showed last; None: never named
+    shown: list[float] | None = None  # what its series showed last; None: never named
     out_since: float | None = None  # named, and ranked beyond the band (or absent) since
+
+    def rate_at(self, now: float) -> float:
+        """Its rate now: as measured, faded for the time since."""
+        at = self.at
+        if at is None or not self.rate:
+            return 0.0
+        return self.rate * math.exp((at - now) / WINDOW)
 
 
 @dataclass(slots=True)
 class Decision:
     """One run's outcome: the counters each named key shows, and each group's
-    remainder counters."""
+    remainder counters (the groups with a key not named)."""
 
     named: dict[Key, list[float]]
     remainder: dict[Group, list[float]]
@@ -86,34 +111,65 @@ class Ranking:
     signature: Hashable = ()  # what the caller made it for: a new one is made when it changes
     max_keys: int = MAX_KEYS
     keys: dict[Key, _Key] = field(default_factory=dict)
+    cells: dict[Key, tuple[object, ...]] = field(default_factory=dict)  # of the last run
     named: set[Key] = field(default_factory=set)
     remainder: dict[Group, tuple[list[float], float]] = field(default_factory=dict)
+    used: set[Group] = field(default_factory=set)  # groups whose remainder is published
+    active: set[Key] = field(default_factory=set)  # keys whose rate may not be 0
     ever_named: int = 0
     tokens: float = 0.0
     last_run: float | None = None
+    runs: int = 0
+    swept: float | None = None
 
     @property
     def forget(self) -> float:
         """Seconds an absent key (or group) is remembered."""
         return max(2 * self.top.hold, WINDOW)
 
-    def run(self, now: float, rows: Sequence[tuple[Key, Group, Values]]) -> Decision:
-        """Take one run's rows (key, group, counters; a NULL or NaN counter is None) and
-        decide what is named; every increase is accounted by its key or its remainder.
-        The caller has made sure no key repeats."""
-        dt = None if self.last_run is None else max(now - self.last_run, 1e-9)
-        self.last_run = now
-        if dt is not None:
+    def run(
+        self, now: float, rows: Sequence[tuple[Key, Group, Cells]], numbers: Numbers = _as_numbers
+    ) -> Decision:
+        """Take one run's rows (key, group, counter cells; ``numbers`` turns cells into
+        floats, None or NaN for a NULL) and decide what is named; every increase is
+        accounted by its key or its remainder. The caller has made sure no key repeats."""
+        keys, groups, cells = (
+            [row[0] for row in rows],
+            [row[1] for row in rows],
+            [row[2] for row in rows],
+        )
+        return self.run_columns(now, keys, groups, cells, numbers)
+
+    def run_columns(
+        self, now: float, keys: Sequence[Key], groups: Sequence[Group], cells: Sequence[Cells],
+        numbers: Numbers = _as_numbers,
+    ) -> Decision:  # fmt: skip
+        """:meth:`run` with the rows as three columns: the keys, their groups and their
+        counter cells. The keys whose cells are those of their last sample cost a
+        comparison; only the others are looked at one by one."""
+        first = self.last_run is None
+        dt = 0.0 if first else max(now - (self.last_run or 0.0), 1e-9)
+        self.last_run, self.runs = now, self.runs + 1
+        if not first:
             allowance = self.top.churn
             self.tokens = min(allowance * BURST, self.tokens + dt * allowance / 3600)
-        seen = [(key, self._observe(key, group, values, now, dt)) for key, group, values in rows]
+        # Tuples, so that a list the caller changes later does not look idle next run.
+        current = dict(zip(keys, map(tuple, cells), strict=True))
+        present = dict(zip(keys, groups, strict=True))
+        moved = [
+            (key, self._observe(key, present[key], numbers(row), now, None if first else dt))
+            for key, row in _changed(current, self.cells)
+        ]
+        self.cells = current
         before = set(self.named)
-        present = {key for key, _ in seen}
-        if dt is not None:
-            self._decay_absent(present, dt)
+        if first:
+            if len(present) <= self.top.limit:
+                self._name_all(present)
+        else:
             self._name(now, present)
-        remainder = self._account(now, seen, before)
-        self._forget(now)
+        remainder = self._account(now, moved, before, present)
+        if self.swept is None or now - self.swept >= WINDOW or len(self.keys) > self.max_keys:
+            self._sweep(now, present)
         named = {key: list(self.keys[key].shown or ()) for key in self.named}
         return Decision(named, remainder)
 
@@ -121,50 +177,72 @@ class Ranking:
         self, key: Key, group: Group, values: Values, now: float, dt: float | None
     ) -> tuple[list[float], list[bool]]:
         """The key's increases since its last sample and which of them are resets, its
-        state brought up to date."""
+        state brought up to date (``dt``: seconds since the last run, None in the first)."""
         state = self.keys.get(key)
+        new = state is None
         if state is None:
             # Seen for the first time after the first run: it started from zero since.
             start = math.nan if dt is None else 0.0
-            state = self.keys[key] = _Key(group, array("d", [start] * self.counters), now)
-        resets = [v is not None and v < state.last[n] for n, v in enumerate(values)]
-        increases = [_increase(state.last, n, v) for n, v in enumerate(values)]
+            state = self.keys[key] = _Key(group, [start] * self.counters, now)
+        last = state.last
+        increases, resets = [0.0] * self.counters, [False] * self.counters
+        for n, value in enumerate(values):
+            if value is None or math.isnan(value):  # NULL or NaN: nothing, the last kept
+                continue
+            before, last[n] = last[n], value
+            if value >= before:
+                increases[n] = value - before
+            elif not math.isnan(before):  # below the last: a reset, counted from zero
+                resets[n] = True
+                increases[n] = value if value > 0 else 0.0
         state.group, state.seen = group, now
-        ranked = values[self.by]
-        if ranked is not None and not math.isnan(ranked):
-            state.value = ranked
+        if not math.isnan(last[self.by]):
+            state.value = last[self.by]
         if dt is not None:
             rate = increases[self.by] / dt
-            weight = 1 - math.exp(-dt / WINDOW) if state.rated else 1.0
-            state.rate += weight * (rate - state.rate)
-            state.rated = True
+            if new or self.runs == 2:  # its first rate, or the first anybody has
+                state.rate = rate
+            else:
+                faded = state.rate_at(now)
+                state.rate = faded + (1 - math.exp(-dt / WINDOW)) * (rate - faded)
+            state.at = now
+            if state.rate:
+                self.active.add(key)
         return increases, resets
 
-    def _decay_absent(self, present: set[Key], dt: float) -> None:
-        """An absent key's rate fades as if it had stopped."""
-        fade = math.exp(-dt / WINDOW)
-        for key, state in self.keys.items():
-            if key not in present:
-                state.rate *= fade
+    def _name_all(self, present: dict[Key, Group]) -> None:
+        """The first run, with no more keys than ``limit``: all of them, free."""
+        for key in present:
+            if not self._spelt_like_remainder(key):
+                self.named.add(key)
+                self.keys[key].was_named = True
+        self.ever_named = len(self.named)
 
-    def _name(self, now: float, present: set[Key]) -> None:
+    def _name(self, now: float, present: dict[Key, Group]) -> None:
         """Name the keys that rank in the top ``limit`` and may enter (module docstring)."""
-        top = self.top
-        order = heapq.nsmallest(top.band, present, key=self._order)
+        top, keys = self.top, self.keys
+        rates = {key: keys[key].rate_at(now) for key in self.active if key in present}
+        order = [key for _, _, key in heapq.nsmallest(
+            top.band, ((-rate, -keys[key].value, key) for key, rate in rates.items() if rate)
+        )]  # fmt: skip
+        if len(order) < top.band:  # the rest of the band: keys without a rate, by value
+            idle = [(-keys[key].value, key) for key in present if not rates.get(key)]
+            order += [key for _, key in heapq.nsmallest(top.band - len(order), idle)]
         band = set(order)
         for key in self.named:
-            state = self.keys[key]
+            state = keys[key]
             state.out_since = None if key in band else (state.out_since or now)
-        total = sum(self.keys[key].rate for key in present)
+        total = sum(rates.values())
         leaders = set(order[: top.limit])
         for key in order[: top.limit]:
-            state = self.keys[key]
+            state = keys[key]
             if key in self.named or self._spelt_like_remainder(key):
                 continue
-            heavy = total > 0 and state.rate >= HEAVY_SHARE * total
+            rate = rates.get(key, 0.0)
+            heavy = total > 0 and rate >= HEAVY_SHARE * total
             free = self.ever_named < top.limit or state.was_named
             paid = not (heavy or free)
-            if paid and (state.rate <= 0 or self.tokens < 1):
+            if paid and (rate <= 0 or self.tokens < 1):
                 continue
             if not self._make_room(now, heavy, leaders):
                 continue
@@ -176,9 +254,9 @@ class Ranking:
     def _make_room(self, now: float, heavy: bool, leaders: set[Key]) -> bool:
         """A slot for one more named key: a free one, or the slowest key's that may leave
         (or, for a heavy hitter, the slowest outside the leaders); False when none."""
-        named = [(self.keys[key].rate, key) for key in self.named]
-        if len(named) < self.top.limit:
+        if len(self.named) < self.top.limit:
             return True
+        named = [(self.keys[key].rate_at(now), key) for key in self.named]
         hold = self.top.hold
         leaving = [
             (rate, key)
@@ -199,38 +277,58 @@ class Ranking:
         be the remainder's, so it stays in the remainder."""
         return all(part == self.top.other for part in key[: self.width])
 
-    def _order(self, key: Key) -> tuple[float, float, Key]:
-        state = self.keys[key]
-        return (-state.rate, -state.value, key)
-
     def _account(
-        self, now: float, seen: list[tuple[Key, tuple[list[float], list[bool]]]], before: set[Key]
-    ) -> dict[Group, list[float]]:
-        """Add to each group's remainder the increases its own series do not show."""
-        for key, (increases, resets) in seen:
-            state = self.keys[key]
-            totals, _ = self.remainder.get(state.group) or ([0.0] * self.counters, now)
-            self.remainder[state.group] = (totals, now)
-            own = _show(state, increases, resets, key in before) if key in self.named else None
+        self, now: float, moved: list[tuple[Key, tuple[list[float], list[bool]]]],
+        before: set[Key], present: dict[Key, Group],
+    ) -> dict[Group, list[float]]:  # fmt: skip
+        """Add to each group's remainder the increases its own series do not show; the
+        remainders of the groups that have a key not named."""
+        keys, named = self.keys, self.named
+        for key in named - before:  # named this run: its series starts where it stands
+            state = keys[key]
+            if state.shown is None:
+                state.shown = list(state.last)
+        for key, (increases, resets) in moved:
+            state = keys[key]
+            totals = self._totals(state.group, now)
+            own = _show(state, increases, resets, key in before) if key in named else None
             for n, increase in enumerate(increases):
-                if own is None or not own[n]:
+                if increase and (own is None or not own[n]):
                     totals[n] += increase
-        groups = {self.keys[key].group for key, _ in seen}
-        return {group: list(self.remainder[group][0]) for group in groups}
+        groups = set(present.values())
+        if len(named) < len(present):
+            self.used.update(group for key, group in present.items() if key not in named)
+        return {group: list(self._totals(group, now)) for group in groups & self.used}
 
-    def _forget(self, now: float) -> None:
+    def _totals(self, group: Group, now: float) -> list[float]:
+        """A group's remainder counters, marked as seen now."""
+        totals, _ = self.remainder.get(group) or ([0.0] * self.counters, now)
+        self.remainder[group] = (totals, now)
+        return totals
+
+    def _sweep(self, now: float, present: dict[Key, Group]) -> None:
         """Drop keys and groups absent too long, and the oldest absent keys beyond
-        ``max_keys``."""
+        ``max_keys``; keys whose rate has faded leave ``active``."""
+        self.swept = now
+        keys = self.keys
+        for key in present:
+            keys[key].seen = now
+        for group in set(present.values()):
+            self._totals(group, now)
         horizon = now - self.forget
-        gone = [key for key, state in self.keys.items() if state.seen < horizon]
-        if len(self.keys) - len(gone) > self.max_keys:
-            absent = sorted((s.seen, k) for k, s in self.keys.items() if s.seen < now)
-            gone = [key for _, key in absent[: len(self.keys) - self.max_keys]]
+        gone = [key for key, state in keys.items() if state.seen < horizon]
+        if len(keys) - len(gone) > self.max_keys:
+            absent = sorted((s.seen, k) for k, s in keys.items() if k not in present)
+            gone = [key for _, key in absent[: len(keys) - self.max_keys]]
         for key in gone:
-            del self.keys[key]
+            del keys[key]
             self.named.discard(key)
+            self.active.discard(key)
+        faded = now - FADED * WINDOW
+        self.active = {key for key in self.active if (keys[key].at or 0.0) >= faded}
         for group in [g for g, (_, seen) in self.remainder.items() if seen < horizon]:
             del self.remainder[group]
+            self.used.discard(group)
 
 
 def _show(state: _Key, increases: list[float], resets: list[bool], continuous: bool) -> list[bool]:
@@ -238,7 +336,7 @@ def _show(state: _Key, increases: list[float], resets: list[bool], continuous: b
     increase, which it does only when it was named at its last sample (``continuous``)."""
     shown = state.shown
     if shown is None:  # named for the first time: its real values, from here on
-        state.shown = array("d", state.last)
+        state.shown = list(state.last)
         return [False] * len(increases)
     own = []
     for n, increase in enumerate(increases):
@@ -253,15 +351,11 @@ def _show(state: _Key, increases: list[float], resets: list[bool], continuous: b
     return own
 
 
-def _increase(last: array[float], n: int, value: float | None) -> float:
-    """A counter's increase since its last sample, and the sample kept: never negative
-    (a value below the last is a reset, counted from zero); 0 without a last sample."""
-    if value is None or math.isnan(value):
-        return 0.0
-    before = last[n]
-    last[n] = value
-    if math.isnan(before):
-        return 0.0
-    if value >= before:
-        return value - before
-    return max(value, 0.0)
+def _changed(
+    current: dict[Key, tuple[object, ...]], last: dict[Key, tuple[object, ...]]
+) -> list[tuple[Key, tuple[object, ...]]]:
+    """The keys (and cells) of ``current`` whose cells differ from ``last``'s or are new.
+    A comparison of tuples a key (the cells' strings are new objects each run, so a set
+    difference would hash them all: twice the time)."""
+    old = last.get
+    return [(key, row) for key, row in current.items() if old(key) != row]

@@ -14,17 +14,20 @@ import math
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from exporter.collect.ranking import Group, Key, Ranking
 from exporter.collect.runtime import CollectorRuntime
 from exporter.config.definitions import Collector, Usage
 from exporter.errors import MissingColumnError, RepeatedLabelsError, TooManySeriesError, excerpt
+from exporter.expose.samples import ABSENT, SparseRows
 from exporter.pg.casting import Kind, cast_for
 from exporter.pg.postgres import Batch
 
 TEXT_OID, FLOAT8_OID = 25, 701
 _AS_IS = frozenset({Kind.INT, Kind.FLOAT, Kind.BOOL, Kind.EPOCH})  # numbers already
+_TEXTS = frozenset({Kind.TEXT, Kind.NUMERIC})  # labels that are their text already
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +38,21 @@ class Shape:
     kept: tuple[int, ...]  # the LABEL columns the remainder keeps
     counters: tuple[int, ...]
     gauges: tuple[int, ...]
+    summed: tuple[int, ...]  # the GAUGE columns the remainder sums (``top.sum``)
+    largest: tuple[int, ...]  # and those it takes the largest of (``top.max``)
     by: int  # the ranking counter's place among ``counters``
-    label_texts: tuple[Callable[[Any], str], ...]  # per key and kept column
+    label_texts: tuple[Callable[[Any], str] | None, ...]  # per key and kept column; None: text
     numbers: dict[int, Callable[[Any], float | int]]  # value columns to convert
     types: tuple[int, ...]  # the type oids of the rows that come out
     width: int
+
+    def convert(self, cells: Sequence[object]) -> list[float | None]:
+        """A row's counter cells as numbers (None for a NULL, NaN where a text is none)."""
+        numbers = self.numbers
+        return [
+            cell if cell is None or (f := numbers.get(n)) is None else f(cell)  # type: ignore[misc]
+            for n, cell in zip(self.counters, cells, strict=True)
+        ]
 
 
 def shape_of(collector: Collector, names: Sequence[str], types: Sequence[int]) -> Shape:
@@ -66,8 +79,12 @@ def shape_of(collector: Collector, names: Sequence[str], types: Sequence[int]) -
     out = tuple(TEXT_OID if n in key else FLOAT8_OID if n in numbers else t
                 for n, t in enumerate(types))  # fmt: skip
     return Shape(
-        key, kept, counters, gauges, counters.index(index[top.by]),
-        tuple(casts[n].label for n in key + kept), numbers, out, len(names),
+        key, kept, counters, gauges,
+        tuple(n for n in gauges if names[n] in top.sum),
+        tuple(n for n in gauges if names[n] in top.max),
+        counters.index(index[top.by]),
+        tuple(None if casts[n].kind in _TEXTS else casts[n].label for n in key + kept),
+        numbers, out, len(names),
     )  # fmt: skip
 
 
@@ -84,32 +101,71 @@ def ranking_of(runtime: CollectorRuntime, shape: Shape) -> Ranking:
     return held
 
 
-def rank_rows(ranking: Ranking, shape: Shape, rows: list[tuple[object, ...]], now: float,
-              collector: Collector) -> list[tuple[object, ...]]:  # fmt: skip
-    """The rows to publish: the named keys' and one remainder row per kept labels."""
-    converted = [_converted(shape, row) for row in rows]
-    identities = [_identity(shape, row) for row in rows]
+def rank_rows(
+    ranking: Ranking, shape: Shape, rows: list[tuple[object, ...]], now: float,
+    collector: Collector,
+) -> tuple[list[tuple[object, ...]], SparseRows]:  # fmt: skip
+    """The rows to publish: the named keys', and one remainder row per kept labels that
+    has a key not named. Per row, only C-level work unless its counters moved."""
+    identities = _identities(shape, rows)
     _check_unique(collector, identities)
-    observed = [
-        (key, tuple(row[n] for n in shape.kept), [_number(row[n]) for n in shape.counters])
-        for key, row in zip(identities, converted, strict=True)
-    ]
-    decision = ranking.run(now, observed)
+    groups = _columns(shape.kept, rows)
+    cells = _columns(shape.counters, rows)
+    decision = ranking.run_columns(now, identities, groups, cells, shape.convert)
+    named = decision.named
     out = [
-        _shown(shape, row, decision.named[key])
-        for key, row in zip(identities, converted, strict=True)
-        if key in decision.named
+        _shown(shape, _converted(shape, row, key), named[key])
+        for key, row in zip(identities, rows, strict=True)
+        if key in named
     ]
-    gauges = {group: [0.0] * len(shape.gauges) for group in decision.remainder}
-    for (key, group, _), row in zip(observed, converted, strict=True):
-        if key not in decision.named:
-            sums = gauges[group]
-            for m, n in enumerate(shape.gauges):
-                sums[m] += _number(row[n]) or 0.0
+    gauges: dict[Group, dict[int, list[float]]] = {group: {} for group in decision.remainder}
+    if shape.summed or shape.largest:
+        for key, group, row in zip(identities, groups, rows, strict=True):
+            found = gauges.get(group)
+            if found is not None and key not in named:
+                for n in shape.summed + shape.largest:
+                    if (value := _number(_cell(shape, row, n))) is not None:
+                        found.setdefault(n, []).append(value)
     other = ranking.top.other
-    out.extend(_remainder(shape, other, group, totals, gauges[group])
-               for group, totals in decision.remainder.items())  # fmt: skip
-    return out
+    rest = SparseRows(
+        _remainder(shape, other, group, totals, gauges[group])
+        for group, totals in decision.remainder.items()
+    )
+    return out, rest
+
+
+def _identities(shape: Shape, rows: list[tuple[object, ...]]) -> list[Key]:
+    """Each row's labels as text, its key then its kept labels: column by column at C
+    level (a NULL label is empty)."""
+    columns = [
+        _texts(list(map(itemgetter(n), rows))) if label is None
+        else [("" if cell is None else label(cell)) for cell in map(itemgetter(n), rows)]
+        for n, label in zip(shape.key + shape.kept, shape.label_texts, strict=True)
+    ]  # fmt: skip
+    return list(zip(*columns, strict=True)) if columns else [() for _ in rows]
+
+
+def _texts(column: list[object]) -> list[object]:
+    """A text column's cells, a NULL as empty."""
+    return [("" if cell is None else cell) for cell in column] if None in column else column
+
+
+def _columns(
+    positions: tuple[int, ...], rows: list[tuple[object, ...]]
+) -> list[tuple[object, ...]]:
+    """The cells at ``positions`` of each row, as a tuple each."""
+    if not positions:
+        return [() for _ in rows]
+    if len(positions) == 1:
+        return list(zip(map(itemgetter(positions[0]), rows)))
+    return list(map(itemgetter(*positions), rows))
+
+
+def _cell(shape: Shape, row: tuple[object, ...], n: int) -> object:
+    """A value cell as a number where its type said otherwise."""
+    value = row[n]
+    number = shape.numbers.get(n)
+    return value if number is None or value is None else number(value)
 
 
 def _shown(shape: Shape, row: tuple[object, ...], shown: list[float]) -> tuple[object, ...]:
@@ -121,39 +177,33 @@ def _shown(shape: Shape, row: tuple[object, ...], shown: list[float]) -> tuple[o
 
 
 def _remainder(
-    shape: Shape, other: str, group: Group, counters: list[float], gauges: list[float]
+    shape: Shape, other: str, group: Group, counters: list[float], gauges: dict[int, list[float]]
 ) -> tuple[object, ...]:
     """A group's remainder row: ``other`` for each ranked label, the kept labels as they
-    are, the remainder's counters and the gauges' sums; NULL elsewhere."""
+    are, the remainder's counters, the sum or the largest of the unnamed keys' gauges
+    where ``top`` says so, no sample of any other gauge; NULL elsewhere."""
     cells: list[object] = [None] * shape.width
     for n in shape.key:
         cells[n] = other
-    for columns, values in ((shape.kept, group), (shape.counters, counters),
-                            (shape.gauges, gauges)):  # fmt: skip
+    for columns, values in ((shape.kept, group), (shape.counters, counters)):
         for n, value in zip(columns, values, strict=True):
             cells[n] = value
+    for n in shape.gauges:
+        found = gauges.get(n)
+        cells[n] = ABSENT if not found else math.fsum(found) if n in shape.summed else max(found)
     return tuple(cells)
 
 
-def _converted(shape: Shape, row: tuple[object, ...]) -> tuple[object, ...]:
-    """The row with its key labels as text and its values as numbers where their type
-    said otherwise, so that a remainder's numbers render in the same column."""
+def _converted(shape: Shape, row: tuple[object, ...], key: Key) -> tuple[object, ...]:
+    """The row with its key labels as text (``key``) and its values as numbers where
+    their type said otherwise, so that a remainder's numbers render in the same column."""
     cells = list(row)
-    for n, label in zip(shape.key, shape.label_texts, strict=False):
-        cells[n] = "" if row[n] is None else label(row[n])
+    for n, text in zip(shape.key, key, strict=False):
+        cells[n] = text
     for n, number in shape.numbers.items():
         if row[n] is not None:
             cells[n] = number(row[n])
     return tuple(cells)
-
-
-def _identity(shape: Shape, row: tuple[object, ...]) -> Key:
-    """A row's labels as text: its key, then its kept labels."""
-    columns = shape.key + shape.kept
-    return tuple(
-        "" if row[n] is None else label(row[n])
-        for n, label in zip(columns, shape.label_texts, strict=True)
-    )
 
 
 def _number(value: object) -> float | None:
@@ -200,4 +250,8 @@ async def ranked(
         return
     shape = shape_of(collector, *columns)
     ranking = ranking_of(runtime, shape)
-    yield columns[0], shape.types, rank_rows(ranking, shape, rows, now(), collector)
+    named, rest = rank_rows(ranking, shape, rows, now(), collector)
+    if named:
+        yield columns[0], shape.types, named
+    if rest:
+        yield columns[0], shape.types, rest

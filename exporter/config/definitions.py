@@ -78,6 +78,8 @@ class Top:
     churn: float = 0.0  # new keys that may be named per hour, heavy hitters aside
     keep: tuple[str, ...] = ()  # LABEL columns the remainder keeps (e.g. datname)
     other: str = DEFAULT_OTHER  # the remainder's value for every other LABEL column
+    sum: tuple[str, ...] = ()  # GAUGE columns whose remainder is the sum of the unnamed keys'
+    max: tuple[str, ...] = ()  # GAUGE columns whose remainder is the largest of theirs
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ def _collector_fields(collector: Collector) -> dict[str, object]:
     if (top := collector.top) is not None:
         ranked: dict[str, object] = {"by": top.by, "limit": top.limit, "band": top.band}
         ranked |= {"hold": top.hold, "churn": top.churn, "keep": list(top.keep), "other": top.other}
+        ranked |= {"sum": list(top.sum), "max": list(top.max)}
         fields["top"] = ranked
     if collector.predicates:
         fields["predicate_queries"] = [

@@ -14,7 +14,7 @@ from exporter.config.definitions import DEFAULT_HOLD, DEFAULT_OTHER, Column, Top
 from exporter.config.problems import Notes, kind_of
 from exporter.errors import excerpt
 
-TOP_FIELDS = frozenset({"by", "limit", "band", "hold", "churn", "keep", "other"})
+TOP_FIELDS = frozenset({"by", "limit", "band", "hold", "churn", "keep", "other", "sum", "max"})
 #: ``band`` when absent: twice ``limit``.
 BAND_FACTOR = 2
 #: ``churn`` when absent: a quarter of ``limit`` new keys an hour, so that the distinct
@@ -36,7 +36,11 @@ def read_top(notes: Notes, key: str, raw: object, columns: tuple[Column, ...]) -
     by = _read_by(notes, f"{where}.by", raw.get("by"), usages)
     limit = _read_count(notes, f"{where}.limit", raw.get("limit"), 1, required=True)
     band = _read_count(notes, f"{where}.band", raw.get("band"), limit or 1, required=False)
-    keep = _read_keep(notes, f"{where}.keep", raw.get("keep"), usages)
+    keep = _read_columns(notes, f"{where}.keep", raw.get("keep"), usages, Usage.LABEL)
+    summed = _read_columns(notes, f"{where}.sum", raw.get("sum"), usages, Usage.GAUGE)
+    largest = _read_columns(notes, f"{where}.max", raw.get("max"), usages, Usage.GAUGE)
+    if both := sorted(set(summed) & set(largest)):
+        notes.error(f"{where}.max", f"{excerpt(both[0])} is in sum as well; pick one")
     _check_shape(notes, where, columns, keep)
     hold = _read_number(notes, f"{where}.hold", raw.get("hold"), DEFAULT_HOLD)
     churn = _read_number(notes, f"{where}.churn", raw.get("churn"), CHURN_SHARE * (limit or 0))
@@ -45,7 +49,8 @@ def read_top(notes: Notes, key: str, raw: object, columns: tuple[Column, ...]) -
         notes.error(f"{where}.other", f"expected a non-empty string, got {kind_of(other)}")
     if len(notes.problems) > before or by is None or limit is None:
         return None
-    return Top(by, limit, band or BAND_FACTOR * limit, hold, churn, keep, str(other))
+    band = band or BAND_FACTOR * limit
+    return Top(by, limit, band, hold, churn, keep, str(other), summed, largest)
 
 
 def _read_by(notes: Notes, where: str, value: object, usages: dict[str, Usage]) -> str | None:
@@ -81,18 +86,20 @@ def _read_number(notes: Notes, where: str, value: object, default: float) -> flo
     return float(value)
 
 
-def _read_keep(
-    notes: Notes, where: str, value: object, usages: dict[str, Usage]
+def _read_columns(
+    notes: Notes, where: str, value: object, usages: dict[str, Usage], usage: Usage
 ) -> tuple[str, ...]:
-    """``keep``: LABEL columns the remainder keeps as they are."""
+    """``keep`` (LABEL columns the remainder keeps as they are), ``sum`` or ``max``
+    (GAUGE columns the remainder sums or takes the largest of)."""
+    kind = usage.value
     if value is None:
         return ()
     if not isinstance(value, list):
-        notes.error(where, f"expected a list of LABEL columns like [datname], got {kind_of(value)}")
+        notes.error(where, f"expected a list of {kind} columns, got {kind_of(value)}")
         return ()
     for index, name in enumerate(value):
-        if not isinstance(name, str) or usages.get(name) is not Usage.LABEL:
-            notes.error(f"{where}[{index}]", f"{excerpt(name)} is not a LABEL column here")
+        if not isinstance(name, str) or usages.get(name) is not usage:
+            notes.error(f"{where}[{index}]", f"{excerpt(name)} is not a {kind} column here")
     return tuple(str(name) for name in value)
 
 

@@ -113,6 +113,28 @@ class _Plain:
 
 
 _NONE = type(None)
+
+
+class _Absent:
+    """The type of :data:`ABSENT`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: A value cell that makes no sample at all (not even the column's default), in a batch
+#: of :class:`SparseRows`: a ``top`` remainder's gauge that neither sums nor has a largest.
+ABSENT = _Absent()
+
+
+class SparseRows(list[tuple[object, ...]]):
+    """A batch of rows some of whose value cells may be :data:`ABSENT`."""
+
+    __slots__ = ()
+
+
 _VARIES = object()  # a LABEL column whose rows have more than one value
 _BOOL_TYPE: frozenset[type] = frozenset({bool})
 _PLAIN_DIGITS = 300  # a numeric's text this long is below 1e300: no float overflows on it
@@ -337,11 +359,15 @@ class SampleBuilder:
         if layout.plain:
             self._check_unique(keys)
         new_keys = set(keys) - self._histogram_keys if layout.histograms else set()
-        self._count(len(batch) * len(layout.plain) + len(new_keys) * layout.histogram_width)
+        columns = [(n, plain, keys, list(map(plain.cell, batch))) for n, plain in layout.plain]
+        if isinstance(batch, SparseRows):
+            columns = [(n, plain, *_present(keys, cells)) for n, plain, _, cells in columns]
+        self._count(
+            sum(len(cells) for *_, cells in columns) + len(new_keys) * layout.histogram_width
+        )
         self._histogram_keys |= new_keys
-        for n, plain in layout.plain:
-            values = list(map(plain.cell, batch))
-            self._lines[n].extend(map(add, keys, plain.render_all(values)))
+        for n, plain, blocks, cells in columns:
+            self._lines[n].extend(map(add, blocks, plain.render_all(cells)))
         for n, histogram in layout.histograms:
             histogram.observe(self._bins[n], keys, map(histogram.cell, batch))
 
@@ -416,6 +442,14 @@ class SampleBuilder:
         names = [column.output_name for column in self.collector.label_columns]
         pairs = zip(names, self._fixed, strict=True)
         return tuple((name, value) for name, value in pairs if isinstance(value, str))
+
+
+def _present(keys: list[str], cells: list[object]) -> tuple[list[str], list[object]]:
+    """A column's label blocks and cells, without the rows whose cell is ABSENT."""
+    if ABSENT not in cells:
+        return keys, cells
+    kept = [(key, cell) for key, cell in zip(keys, cells, strict=True) if cell is not ABSENT]
+    return [key for key, _ in kept], [cell for _, cell in kept]
 
 
 def _first_repeat(keys: list[str], seen: set[str]) -> str:
