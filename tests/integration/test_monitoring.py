@@ -101,8 +101,12 @@ def _unhealthy_rules(base: str) -> list[str]:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[LocalCluster, LocalCluster]]:
-    """A PostgreSQL 18 primary and its streaming replica, ours alone: pgbench loads it."""
+    """A PostgreSQL 18 primary and its streaming replica, ours alone: pgbench loads it.
+    pg_stat_statements holds more statements than pg_query names (100), so that the
+    Statements row and its rules have named series and a query="other" remainder."""
     with LocalCluster(pg18_bindir()) as primary:
+        primary.psql("CREATE EXTENSION pg_stat_statements")
+        primary.psql("; ".join(f"CREATE TABLE shape{n} (x int)" for n in range(150)))
         yield primary, primary.make_replica()
 
 
