@@ -259,13 +259,33 @@ def test_snapshot_histograms_have_buckets() -> None:
 
 
 def test_per_database_branches_label_datname_and_bound_their_rows() -> None:
-    """Per-database branches (not cluster, not pgBouncer) carry datname and a LIMIT."""
+    """Per-database branches (not cluster, not pgBouncer) carry datname, and bound their
+    series: a LIMIT, or ``top`` keeping datname in its remainder (issue 38)."""
     for collector in library().collectors:
         if "cluster" in collector.tags or "pgbouncer" in collector.tags:
             continue
         labels = [column.output_name for column in collector.label_columns]
         assert "datname" in labels, collector.key
-        assert re.search(r"\bLIMIT\s+\d+", collector.query, re.IGNORECASE), collector.key
+        if collector.top is not None:
+            assert collector.top.keep == ("datname",), collector.key
+        else:
+            assert re.search(r"\bLIMIT\s+\d+", collector.query, re.IGNORECASE), collector.key
+
+
+def test_families_that_grow_with_the_workload_or_the_schema_are_ranked() -> None:
+    """Statements, functions, sequences and per-database families name at most a stated
+    number of keys and sum the rest (issue 38); a gauge the remainder carries is one
+    that adds up or whose largest is what an alert needs."""
+    ranked = {c.name: c.top for c in library().collectors if c.top is not None}
+    assert {"pg_query", "pg_func", "pg_seq", "pg_db", "pg_db_confl"} <= ranked.keys()
+    for collector in library().collectors:
+        if collector.top is not None:
+            gauges = {c.name for c in collector.value_columns if c.usage is Usage.GAUGE}
+            carried = set(collector.top.sum) | set(collector.top.max)
+            assert carried <= gauges, collector.key
+            assert collector.top.max == () or set(collector.top.max) <= {
+                "age", "mxid_age", "used_ratio"
+            }, collector.key  # fmt: skip
 
 
 def test_metric_names_are_unique_across_families() -> None:
