@@ -41,6 +41,7 @@ import heapq
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from operator import add, ge, sub
 
 from exporter.config.definitions import Top
 
@@ -120,6 +121,7 @@ class Ranking:
     tokens: float = 0.0
     last_run: float | None = None
     runs: int = 0
+    weight: float = 1.0
     swept: float | None = None
 
     @property
@@ -150,6 +152,7 @@ class Ranking:
         first = self.last_run is None
         dt = 0.0 if first else max(now - (self.last_run or 0.0), 1e-9)
         self.last_run, self.runs = now, self.runs + 1
+        self.weight = 1 - math.exp(-dt / WINDOW)  # of this run's rate in a key's
         if not first:
             allowance = self.top.churn
             self.tokens = min(allowance * BURST, self.tokens + dt * allowance / 3600)
@@ -185,26 +188,24 @@ class Ranking:
             start = math.nan if dt is None else 0.0
             state = self.keys[key] = _Key(group, [start] * self.counters, now)
         last = state.last
-        increases, resets = [0.0] * self.counters, [False] * self.counters
-        for n, value in enumerate(values):
-            if value is None or math.isnan(value):  # NULL or NaN: nothing, the last kept
-                continue
-            before, last[n] = last[n], value
-            if value >= before:
-                increases[n] = value - before
-            elif not math.isnan(before):  # below the last: a reset, counted from zero
-                resets[n] = True
-                increases[n] = value if value > 0 else 0.0
+        if None not in values and all(map(ge, values, last)):  # type: ignore[arg-type]
+            # No NULL, no NaN (it compares false) and no reset: at C level.
+            increases, resets = list(map(sub, values, last)), [False] * self.counters
+            last[:] = values  # type: ignore[assignment]
+        else:
+            increases, resets = _increases(last, values)
         state.group, state.seen = group, now
         if not math.isnan(last[self.by]):
             state.value = last[self.by]
         if dt is not None:
             rate = increases[self.by] / dt
-            if new or self.runs == 2:  # its first rate, or the first anybody has
-                state.rate = rate
+            at = state.at
+            if new or self.runs == 2 or at is None:  # its first rate, or the first anybody has
+                weight = 1.0 if new or self.runs == 2 else self.weight
+                state.rate = weight * rate
             else:
-                faded = state.rate_at(now)
-                state.rate = faded + (1 - math.exp(-dt / WINDOW)) * (rate - faded)
+                faded = state.rate * math.exp((at - now) / WINDOW) if state.rate else 0.0
+                state.rate = faded + self.weight * (rate - faded)
             state.at = now
             if state.rate:
                 self.active.add(key)
@@ -292,8 +293,11 @@ class Ranking:
             state = keys[key]
             totals = self._totals(state.group, now)
             own = _show(state, increases, resets, key in before) if key in named else None
+            if own is None:
+                totals[:] = map(add, totals, increases)
+                continue
             for n, increase in enumerate(increases):
-                if increase and (own is None or not own[n]):
+                if increase and not own[n]:
                     totals[n] += increase
         groups = set(present.values())
         if len(named) < len(present):
@@ -329,6 +333,23 @@ class Ranking:
         for group in [g for g, (_, seen) in self.remainder.items() if seen < horizon]:
             del self.remainder[group]
             self.used.discard(group)
+
+
+def _increases(last: list[float], values: Values) -> tuple[list[float], list[bool]]:
+    """Counter by counter: the increases since ``last`` (updated) and which are resets.
+    A NULL or NaN is no increase and keeps the last value; a value below the last is a
+    reset, counted from zero; nothing counts against a last value not known (NaN)."""
+    increases, resets = [0.0] * len(last), [False] * len(last)
+    for n, value in enumerate(values):
+        if value is None or math.isnan(value):
+            continue
+        before, last[n] = last[n], value
+        if value >= before:
+            increases[n] = value - before
+        elif not math.isnan(before):
+            resets[n] = True
+            increases[n] = value if value > 0 else 0.0
+    return increases, resets
 
 
 def _show(state: _Key, increases: list[float], resets: list[bool], continuous: bool) -> list[bool]:

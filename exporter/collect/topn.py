@@ -46,9 +46,11 @@ class Shape:
     types: tuple[int, ...]  # the type oids of the rows that come out
     width: int
 
-    def convert(self, cells: Sequence[object]) -> list[float | None]:
+    def convert(self, cells: Sequence[object]) -> Sequence[float | None]:
         """A row's counter cells as numbers (None for a NULL, NaN where a text is none)."""
         numbers = self.numbers
+        if not numbers:
+            return cells  # type: ignore[return-value]
         return [
             cell if cell is None or (f := numbers.get(n)) is None else f(cell)  # type: ignore[misc]
             for n, cell in zip(self.counters, cells, strict=True)
