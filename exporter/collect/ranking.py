@@ -112,7 +112,7 @@ class Ranking:
     signature: Hashable = ()  # what the caller made it for: a new one is made when it changes
     max_keys: int = MAX_KEYS
     keys: dict[Key, _Key] = field(default_factory=dict)
-    cells: dict[Key, tuple[object, ...]] = field(default_factory=dict)  # of the last run
+    cells: dict[Key, tuple[object, ...]] = field(default_factory=dict)  # the last run's rows
     named: set[Key] = field(default_factory=set)
     remainder: dict[Group, tuple[list[float], float]] = field(default_factory=dict)
     used: set[Group] = field(default_factory=set)  # groups whose remainder is published
@@ -123,6 +123,7 @@ class Ranking:
     runs: int = 0
     weight: float = 1.0
     swept: float | None = None
+    by_value: list[Key] | None = None  # every key by its ranking counter's value, largest first
 
     @property
     def forget(self) -> float:
@@ -187,6 +188,7 @@ class Ranking:
             # Seen for the first time after the first run: it started from zero since.
             start = math.nan if dt is None else 0.0
             state = self.keys[key] = _Key(group, [start] * self.counters, now)
+            self.by_value = None
         last = state.last
         if None not in values and all(map(ge, values, last)):  # type: ignore[arg-type]
             # No NULL, no NaN (it compares false) and no reset: at C level.
@@ -195,6 +197,8 @@ class Ranking:
         else:
             increases, resets = _increases(last, values)
         state.group, state.seen = group, now
+        if resets[self.by]:
+            self.by_value = None
         if not math.isnan(last[self.by]):
             state.value = last[self.by]
         if dt is not None:
@@ -227,8 +231,7 @@ class Ranking:
             top.band, ((-rate, -keys[key].value, key) for key, rate in rates.items() if rate)
         )]  # fmt: skip
         if len(order) < top.band:  # the rest of the band: keys without a rate, by value
-            idle = [(-keys[key].value, key) for key in present if not rates.get(key)]
-            order += [key for _, key in heapq.nsmallest(top.band - len(order), idle)]
+            order += self._idle(top.band - len(order), present, rates)
         band = set(order)
         for key in self.named:
             state = keys[key]
@@ -251,6 +254,22 @@ class Ranking:
             self.ever_named += 0 if state.was_named else 1
             state.was_named = True
             self.tokens -= 1 if paid else 0
+
+    def _idle(self, wanted: int, present: dict[Key, Group], rates: dict[Key, float]) -> list[Key]:
+        """The ``wanted`` present keys without a rate, by value: from an order of every
+        key by value, kept until a key is added, its ranking counter resets or a sweep
+        (a key's value otherwise moves only with its rate, and a key with a rate is
+        skipped here)."""
+        if self.by_value is None:
+            keys = self.keys
+            self.by_value = [key for _, key in sorted((-keys[key].value, key) for key in keys)]
+        found: list[Key] = []
+        for key in self.by_value:
+            if key in present and not rates.get(key):
+                found.append(key)
+                if len(found) == wanted:
+                    break
+        return found
 
     def _make_room(self, now: float, heavy: bool, leaders: set[Key]) -> bool:
         """A slot for one more named key: a free one, or the slowest key's that may leave
@@ -300,7 +319,7 @@ class Ranking:
                 if increase and not own[n]:
                     totals[n] += increase
         groups = set(present.values())
-        if len(named) < len(present):
+        if len(named) < len(present) and not groups <= self.used:
             self.used.update(group for key, group in present.items() if key not in named)
         return {group: list(self._totals(group, now)) for group in groups & self.used}
 
@@ -313,7 +332,7 @@ class Ranking:
     def _sweep(self, now: float, present: dict[Key, Group]) -> None:
         """Drop keys and groups absent too long, and the oldest absent keys beyond
         ``max_keys``; keys whose rate has faded leave ``active``."""
-        self.swept = now
+        self.swept, self.by_value = now, None
         keys = self.keys
         for key in present:
             keys[key].seen = now

@@ -46,9 +46,10 @@ class Shape:
     types: tuple[int, ...]  # the type oids of the rows that come out
     width: int
 
-    def convert(self, cells: Sequence[object]) -> Sequence[float | None]:
-        """A row's counter cells as numbers (None for a NULL, NaN where a text is none)."""
+    def convert(self, row: Sequence[object]) -> Sequence[float | None]:
+        """A row's counters as numbers (None for a NULL, NaN where a text is none)."""
         numbers = self.numbers
+        cells = [row[n] for n in self.counters]
         if not numbers:
             return cells  # type: ignore[return-value]
         return [
@@ -112,14 +113,10 @@ def rank_rows(
     identities = _identities(shape, rows)
     _check_unique(collector, identities)
     groups = _columns(shape.kept, rows)
-    cells = _columns(shape.counters, rows)
-    decision = ranking.run_columns(now, identities, groups, cells, shape.convert)
-    named = decision.named
-    out = [
-        _shown(shape, _converted(shape, row, key), named[key])
-        for key, row in zip(identities, rows, strict=True)
-        if key in named
-    ]
+    # Whole rows are compared with the last run's: a row that reads the same is idle.
+    decision = ranking.run_columns(now, identities, groups, rows, shape.convert)
+    named, held = decision.named, ranking.cells
+    out = [_shown(shape, _converted(shape, held[key], key), named[key]) for key in sorted(named)]
     gauges: dict[Group, dict[int, list[float]]] = {group: {} for group in decision.remainder}
     if shape.summed or shape.largest:
         for key, group, row in zip(identities, groups, rows, strict=True):
