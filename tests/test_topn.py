@@ -182,3 +182,15 @@ async def test_a_gauge_the_remainder_neither_sums_nor_maxes_has_no_remainder_sam
     found = await _scrape(session, runtime, rows)
     assert found[("pg_q_calls", "a", "other")] == 0
     assert found.get(("pg_q_size", "a", "other")) == expected
+
+
+async def test_a_named_key_absent_from_a_run_has_no_row_and_fails_nothing() -> None:
+    """A named key missing from a run (deallocated, its database gone) is still
+    remembered as named; that run publishes the others and no row for it."""
+    session = Session(pgbouncer=False, const_labels=(), max_series=100, clock=FakeClock())
+    runtime = CollectorRuntime(_collector(limit=2))
+    await _scrape(session, runtime, _rows({("a", 1): 10, ("a", 2): 20}))  # both named
+    found = await _scrape(session, runtime, _rows({("a", 2): 30}))
+    assert {q for _, _, q in found} == {"2"}
+    assert runtime.ranking is not None
+    assert ("1", "a") in runtime.ranking.named

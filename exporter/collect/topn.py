@@ -116,7 +116,11 @@ def rank_rows(
     # Whole rows are compared with the last run's: a row that reads the same is idle.
     decision = ranking.run_columns(now, identities, groups, rows, shape.convert)
     named, held = decision.named, ranking.cells
-    out = [_shown(shape, _converted(shape, held[key], key), named[key]) for key in sorted(named)]
+    out = [  # a named key absent from this run has no row: its series goes stale
+        _shown(shape, _converted(shape, held[key], key), named[key])
+        for key in sorted(named)
+        if key in held
+    ]
     gauges: dict[Group, dict[int, list[float]]] = {group: {} for group in decision.remainder}
     if shape.summed or shape.largest:
         for key, group, row in zip(identities, groups, rows, strict=True):
