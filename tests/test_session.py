@@ -204,3 +204,28 @@ def test_the_client_deadline_is_the_collectors_timeout() -> None:
     """D1: the client-side deadline is the collector's timeout (None: unbounded)."""
     assert _session().client_deadline(_collector(timeout=4.0)) == 4.0
     assert _session().client_deadline(_collector(timeout=None)) is None
+
+
+async def test_a_fault_of_ours_in_a_collectors_rows_fails_that_run_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception that is no database or collector error (a bug in ranking or
+    rendering) is an ERROR entry naming the collector, logged with its traceback,
+    never an exception that would fail the whole scrape."""
+    clock = FakeClock()
+    runtime = CollectorRuntime(_collector(), Rules(False, 300.0, lambda: 0.5))
+    session = _session(clock)
+
+    async def broken(*_: object, **__: object) -> None:
+        raise KeyError("a key")
+
+    monkeypatch.setattr(session, "_execute", broken)
+
+    async def disconnect() -> None:
+        raise AssertionError("nothing to disconnect")
+
+    place = Place(_conn(_Conn()), None, "db", fenced=False, disconnect=disconnect)
+    entry = await session.run(place, runtime, Budget.starting_now(5.0, clock=clock))
+    assert (entry.outcome, entry.families) == (Outcome.ERROR, ())
+    assert entry.error.startswith("collector pg_c on db: internal error KeyError")
+    assert any(record.exc_info for record in caplog.records)

@@ -131,6 +131,14 @@ class Session:
         except (psycopg.Error, CollectorError) as exc:
             families, series, outcome = (), 0, Outcome.ERROR
             error = f"collector {collector.key} on {datname}: {exc}"
+        except Exception as exc:  # a fault of ours in this collector's rows: its run alone fails
+            families, series, outcome = (), 0, Outcome.ERROR
+            error = (
+                f"collector {collector.key} on {datname}: internal error "
+                f"{type(exc).__name__}: {exc} (a bug of the exporter's; please report it)"
+            )
+            log.error("collector failed on a fault of the exporter's", exc_info=exc,
+                      extra={"collector": collector.key, "datname": datname})  # fmt: skip
         duration = self.clock() - start
         where = {"collector": collector.key, "datname": datname}
         if outcome is Outcome.CANCELLED:
