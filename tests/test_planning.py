@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from exporter.collect.planning import REPEATS_MAIN, Plan, explain_text, make_plan
-from exporter.config.definitions import Collector, Column, Definitions, Usage
+from exporter.config.definitions import Collector, Column, Definitions, Top, Usage
 from exporter.pg.preflight import ServerFacts
 from exporter.pg.searchpath import SearchPath
 
@@ -245,6 +245,18 @@ def test_explain_text_shows_plan_and_reasons() -> None:
     assert "branches pg_db_main, pg_db_other all produce metrics named pg_db_*" in text
     assert "pg_replica_only (name pg_replica_only): needs a replica" in text
     assert text.index("pg_db_main") < text.index("pg_replica_only")
+
+
+def test_explain_text_says_what_a_ranked_branch_names() -> None:
+    """A branch with ``top`` says how many keys it names, by what, and how the rest is
+    published (issue 38)."""
+    columns = (Column("datname", Usage.LABEL), Column("query", Usage.LABEL),
+               Column("calls", Usage.COUNTER))  # fmt: skip
+    ranked = branch("q", columns=columns, top=Top("calls", 100, 200, keep=("datname",)))
+    text = explain_text(plan_one(ranked))
+    assert (
+        "names at most 100 query by the rate of calls, the rest summed as other per datname" in text
+    )
 
 
 def test_explain_text_of_replica() -> None:

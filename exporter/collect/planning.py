@@ -326,6 +326,13 @@ def _describe(collector: Collector, *, fenced: bool = False) -> list[str]:
         f"tags [{tags}]"
     )
     sql = [f"      {line}".rstrip() for line in collector.query.strip().splitlines()]
+    if (top := collector.top) is not None:
+        labels = [c.name for c in collector.label_columns if c.name not in top.keep]
+        kept = f" per {', '.join(top.keep)}" if top.keep else ""
+        head += (
+            f"; names at most {top.limit} {'/'.join(labels)} by the rate of {top.by}, "
+            f"the rest summed as {top.other}{kept} (top)"
+        )
     if fenced:
         head += (
             "; it names a schema others may write: it runs in a read-only transaction of "
