@@ -303,3 +303,16 @@ def test_null_and_nan_counters_count_nothing() -> None:
     decision = ranking.run(20, [(big, GROUP, [300, 300]), (quiet, GROUP, [6, 6])])
     assert set(decision.named) == {big}
     assert decision.remainder[GROUP] == [100.0 + 1, 100.0 + 1]  # big's entry run, quiet's 1
+
+
+def test_a_group_with_an_unnamed_key_publishes_its_remainder_while_a_named_key_is_away() -> None:
+    """Named keys absent from a run do not hide that a present key is left out: its
+    group's remainder is published from that run on."""
+    ranking = _ranking(limit=2, band=2, hold=600)
+    a, b, c = _key(1), _key(2), _key(3)
+    first = ranking.run(0, [(a, GROUP, [0, 0]), (b, GROUP, [0, 0])])
+    assert set(first.named) == {a, b}
+    assert first.remainder == {}
+    decision = ranking.run(10, [(a, GROUP, [0, 100]), (c, GROUP, [0, 1])])  # b away, c new
+    assert c not in decision.named
+    assert decision.remainder == {GROUP: [0, 1]}

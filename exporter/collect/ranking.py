@@ -319,7 +319,7 @@ class Ranking:
                 if increase and not own[n]:
                     totals[n] += increase
         groups = set(present.values())
-        if len(named) < len(present) and not groups <= self.used:
+        if len(named & present.keys()) < len(present) and not groups <= self.used:
             self.used.update(group for key, group in present.items() if key not in named)
         return {group: list(self._totals(group, now)) for group in groups & self.used}
 
