@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
 from pathlib import Path
 
 import psycopg
@@ -87,10 +87,16 @@ class Served:
 
 @dataclass(frozen=True, slots=True)
 class Truth:
-    """Every statement in ``pg_stat_statements``, summed."""
+    """Every statement in ``pg_stat_statements``, summed; and the application's part."""
 
     calls: float
     exec_ms: float
+    app_calls: float = 0.0
+    app_exec_ms: float = 0.0
+
+    def __sub__(self, before: Truth) -> Truth:
+        """The increase since ``before``."""
+        return Truth(*(a - b for a, b in zip(astuple(self), astuple(before), strict=True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +126,7 @@ class Heavy:
     started: float | None  # seconds into the workload
     calls: float = 0.0
     exec_ms: float = 0.0
-    share_active: float = 0.0  # of every statement's execution time since it began
+    share_active: float = 0.0  # of every statement's execution time while it ran
     share_window: float = 0.0  # of the window's
 
 
@@ -293,12 +299,15 @@ def populate(cluster: LocalCluster, plan: Plan) -> None:
 
 
 def truth(cluster: LocalCluster) -> Truth:
-    """Every statement's calls and execution time (ms), every database and role."""
-    calls, ms = cluster.psql(
-        "SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0)"
+    """Every statement's calls and execution time (ms), every database and role, and
+    those of the application role."""
+    app = f"FILTER (WHERE userid = '{APP}'::regrole)"
+    row = cluster.psql(
+        "SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0),"
+        f" coalesce(sum(calls) {app}, 0), coalesce(sum(total_exec_time) {app}, 0)"
         " FROM pg_stat_statements(false)"
     ).split("|")
-    return Truth(float(calls), float(ms))
+    return Truth(*map(float, row))
 
 
 class Scraper:
@@ -409,7 +418,7 @@ def _window(cluster: LocalCluster, options: Options, scraper: Scraper, load: lis
     figures = [replace(figures_of(key, scraper.served[key], scraper.failed[key], heavy,
                                   workload.started), caught_up=caught) for key in keys]  # fmt: skip
     return Report(_options_record(options), load, _commit(), seconds,
-                  Truth(t1.calls - t0.calls, t1.exec_ms - t0.exec_ms), heavy, workload.calls,
+                  t1 - t0, heavy, workload.calls,
                   figures)  # fmt: skip
 
 
@@ -421,10 +430,11 @@ def _heavy(cluster: LocalCluster, workload: Workload, t0: Truth, t1: Truth) -> H
         "SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0)"
         f" FROM pg_stat_statements(false) WHERE queryid::text = '{queryid}'"
     ).split("|")
-    active = t1.exec_ms - workload.heavy_base_ms
+    total_end, heavy_end = workload.heavy_end
+    active = total_end - workload.heavy_base_ms
     window = t1.exec_ms - t0.exec_ms
     return Heavy(queryid, workload.heavy_started - workload.started, float(calls), float(ms),
-                 float(ms) / active if active else 0.0,
+                 heavy_end / active if active else 0.0,
                  float(ms) / window if window else 0.0)  # fmt: skip
 
 
@@ -455,8 +465,9 @@ def render(report: Report) -> str:
     out = [
         f"Window {report.seconds:.0f} s (T0 → T1), commit {report.commit}, load average at"
         f" start {' '.join(report.load)}. Truth: {t.calls:,.0f} calls,"
-        f" {t.exec_ms / 1000:,.1f} s of execution; the workload sent {report.workload_calls:,}"
-        f" calls. {_heavy_line(h)}",
+        f" {t.exec_ms / 1000:,.1f} s of execution, the application's"
+        f" {_part(t.app_calls, t.calls)} and {_part(t.app_exec_ms, t.exec_ms)} of them (it sent"
+        f" {report.workload_calls:,} calls). {_heavy_line(h)}",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|---|" + "---|" * (len(COLUMNS) - 1),
@@ -465,12 +476,16 @@ def render(report: Report) -> str:
     return "\n".join(out)
 
 
+def _part(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole else "n/a"
+
+
 def _heavy_line(h: Heavy) -> str:
     if h.started is None:
         return "The heavy hitter never ran."
     return (f"Heavy hitter (query ID {h.queryid}) from {h.started:.0f} s: {h.calls:,.0f} calls,"
-            f" {h.exec_ms / 1000:,.1f} s, {h.share_active:.1%} of the execution time since it"
-            f" began, {h.share_window:.1%} of the window's.")  # fmt: skip
+            f" {h.exec_ms / 1000:,.1f} s, {h.share_active:.1%} of the execution time while it"
+            f" ran, {h.share_window:.1%} of the window's.")  # fmt: skip
 
 
 def _row(f: Figures, t: Truth) -> str:

@@ -40,7 +40,7 @@ class Plan:
 
     shapes: int = 4000
     tables: int = 200
-    rows: int = 1000
+    rows: int = 4000
     hot: int = 200
     hot_share: float = 0.9
     move: float = 60.0
@@ -66,10 +66,11 @@ def shape_of(plan: Plan, call: int, elapsed: float) -> int:
     return (start + (call - colds) % plan.hot) % plan.shapes
 
 
-def heavy_allowance(heavy_ms: float, all_ms: float, share: float) -> float:
+def heavy_allowance(heavy_ms: float, all_ms: float, share: float, ahead_ms: float = 0.0) -> float:
     """Milliseconds the heavy hitter may run now to hold ``share`` of the execution time
-    since it began: ``all_ms`` (its own ``heavy_ms`` included); 0 when it is ahead."""
-    return max(0.0, (share * all_ms - heavy_ms) / (1.0 - share))
+    since it began, ``all_ms`` (its own ``heavy_ms`` included), once the others have run
+    ``ahead_ms`` more; 0 when it is ahead."""
+    return max(0.0, (share * (all_ms + ahead_ms) - heavy_ms) / (1.0 - share))
 
 
 def setup_sql(plan: Plan) -> str:
@@ -110,6 +111,7 @@ class Workload:
         self.heavy_started: float | None = None  # monotonic, its first call
         self.heavy_calls = 0
         self.heavy_base_ms = 0.0  # every statement's execution time when it began
+        self.heavy_end = (0.0, 0.0)  # (every statement's, its own) when it ended
         self.heavy_queryid: str | None = None
 
     def start(self) -> None:
@@ -159,12 +161,15 @@ class Workload:
             self._heavy_call(app)
             self.heavy_queryid = _queryid_of(admin, HEAVY_TABLE)
             while not self._stop.is_set():
-                total, heavy = _exec_ms(admin, self.heavy_queryid)
-                allowance = heavy_allowance(heavy, total - base, self.plan.heavy_share)
+                total, heavy = self.heavy_end = _exec_ms(admin, self.heavy_queryid)
+                # The others' rate so far, over the next PACE: no lag of a reading behind.
+                ahead = (total - base - heavy) * PACE / (time.monotonic() - self.heavy_started)
+                allowance = heavy_allowance(heavy, total - base, self.plan.heavy_share, ahead)
                 spent = 0.0
                 while spent < allowance and not self._stop.is_set():
                     spent += self._heavy_call(app)
                 self._stop.wait(PACE)
+            self.heavy_end = _exec_ms(admin, self.heavy_queryid)
 
     def _heavy_call(self, app: psycopg.Connection[TupleRow]) -> float:
         """One call of the heavy statement; its wall time in ms."""

@@ -114,14 +114,21 @@ def test_figures_count_series_per_scrape_and_over_the_window() -> None:
     assert (got.scrapes, got.failed) == (3, 1)
 
 
+def test_the_truth_of_the_window_is_the_increase_of_every_figure() -> None:
+    """T1 − T0, the application's part included."""
+    assert Truth(10.0, 5.0, 8.0, 1.0) - Truth(4.0, 2.0, 3.0, 0.5) == Truth(6.0, 3.0, 5.0, 0.5)
+
+
 def test_the_report_gives_shares_of_the_truth_and_never_for_an_unnamed_heavy_hitter() -> None:
     """Named alone and named + remainder as shares of the true increase."""
     figures = Figures("go", 10, 0, (128.0, 128), (1152.0, 1152), 256, 2304,
                       named_calls=250.0, other_calls=0.0, named_exec_ms=10.0,
                       other_exec_ms=0.0, heavy_named_after=None)  # fmt: skip
-    report = Report({}, ["1.0", "1.0", "1.0"], "abc1234", 360.0, Truth(1000.0, 40.0),
+    report = Report({}, ["1.0", "1.0", "1.0"], "abc1234", 360.0, Truth(1000.0, 40.0, 900.0),
                     Heavy(None, None), 990, [figures])  # fmt: skip
-    row = render(report).splitlines()[-1]
+    text = render(report)
+    assert "the application's 90.0% and 0.0% of them" in text
+    row = text.splitlines()[-1]
     assert row.startswith("| Go pg_exporter binary | 10 (0) | 128 / 128 | 1152 / 1152 |")
     assert "| 2.00×; 2.00× | 25.0% / 25.0% | 25.0% / 25.0% | never |" in row
 
@@ -151,6 +158,8 @@ def test_the_heavy_hitter_may_run_what_brings_it_to_its_share() -> None:
     allowance = heavy_allowance(heavy_ms=5.0, all_ms=100.0, share=0.1)
     assert (5.0 + allowance) / (100.0 + allowance) == pytest.approx(0.1)
     assert heavy_allowance(heavy_ms=20.0, all_ms=100.0, share=0.1) == 0.0
+    ahead = heavy_allowance(heavy_ms=5.0, all_ms=100.0, share=0.1, ahead_ms=50.0)
+    assert (5.0 + ahead) / (150.0 + ahead) == pytest.approx(0.1)
 
 
 def test_the_heavy_hitter_begins_at_two_thirds_of_the_window_unless_told() -> None:
