@@ -21,7 +21,7 @@ Pure data and functions, no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 #: Memory a sort or hash of ours may take before spilling (kB): PostgreSQL's own default,
@@ -35,6 +35,9 @@ TEMP_FILE_CAP_KB = 64 * 1024
 LOGIN_STATEMENT_TIMEOUT_MS = 5000
 #: A lock wait of ours, at most (ms): a small part of any statement limit (D3).
 LOCK_TIMEOUT_MS = 1000
+#: How a transaction of our own starts, whatever defaults an owner set: JIT goes off by a
+#: SET that nothing plans before any statement that could be planned (issue 36).
+BEGIN_GUARDED = "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; SET LOCAL jit = off"
 #: The search_path at login: nothing a tenant writes (issue 36); the schemas of trusted
 #: extensions are added per database (``searchpath``).
 LOGIN_SEARCH_PATH = '"pg_catalog", "pg_temp"'
@@ -283,9 +286,13 @@ _OPTION_ESCAPE = re.compile(r"([\\ ])")
 
 
 def login_options(shape: Shape) -> str:
-    """libpq's ``options`` that put every guard in force at login: ``-c name=value``,
-    blanks and backslashes escaped as libpq wants them."""
-    return " ".join(f"-c {name}={_escape(value)}" for name, value in settings(shape))
+    """libpq's ``options`` that put every guard in force at login."""
+    return _options(settings(shape))
+
+
+def _options(pairs: Iterable[tuple[str, str]]) -> str:
+    """``-c name=value`` each, blanks and backslashes escaped as libpq wants them."""
+    return " ".join(f"-c {name}={_escape(value)}" for name, value in pairs)
 
 
 def _escape(value: str) -> str:
@@ -300,9 +307,9 @@ OLDEST = 130000
 def first_login_options() -> str:
     """The guards every supported major has, with our own caps: what a first login to a
     server carries (the rest come with the next login, once its version is known)."""
-    every = tuple(g for g in GUARDS if g.since <= OLDEST and not g.until)
+    every = (g for g in GUARDS if g.since <= OLDEST and not g.until)
     pairs = ((g.name, g.value(Shape(OLDEST))) for g in every)
-    return " ".join(f"-c {name}={_escape(value)}" for name, value in pairs if value is not None)
+    return _options((name, value) for name, value in pairs if value is not None)
 
 
 def names(version: int) -> tuple[str, ...]:
@@ -336,7 +343,7 @@ def differences(
     found = []
     for name, value in zip(names(shape.version), reported, strict=False):
         want = None if name in PER_COLLECTOR or name not in login else wanted.get(name)
-        if want is not None and not same(name, want, str(value)):
+        if want is not None and not same(want, str(value)):
             found.append((name, want, str(value)))
     return tuple(found)
 
@@ -346,17 +353,20 @@ _FACTORS = {"kb": 1, "mb": 1024, "gb": 1024**2, "tb": 1024**3,
             "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}  # fmt: skip
 
 
-def same(name: str, wanted: str, reported: str) -> bool:
+def same(wanted: str, reported: str) -> bool:
     """Whether ``reported`` (as ``current_setting`` prints it) is the value ``wanted``."""
     if wanted.lower() == reported.lower():
         return True
-    a, b = _AMOUNT.match(wanted), _AMOUNT.match(reported)
-    if a and b:
-        return _amount(a) == _amount(b)
-    return name == "search_path" and wanted.replace('"', "") == reported.replace('"', "")
+    amount = parse_amount(wanted)
+    return amount is not None and amount == parse_amount(reported)
 
 
-def _amount(found: re.Match[str]) -> int:
+def parse_amount(text: str) -> int | None:
+    """A memory or time setting as ``current_setting`` prints it (``4MB``, ``5s``, ``-1``)
+    in its base unit (kB, ms); None when it is not one."""
+    found = _AMOUNT.match(text)
+    if found is None:
+        return None
     return int(found.group(1)) * _FACTORS[(found.group(2) or "kb").lower()]
 
 

@@ -18,7 +18,6 @@ search_path is in force.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 
 import psycopg
@@ -40,9 +39,6 @@ LOCK_TIMEOUT_CAP = LOCK_TIMEOUT_MS / 1000  # seconds; lock waits are a small fra
 #: The largest value of PostgreSQL's millisecond limits (INT_MAX, about 24.8 days). A
 #: longer timeout, which Go allows, is kept by the client-side deadline alone.
 MAX_LIMIT_MS = 2**31 - 1
-
-#: How our own transaction starts, whatever defaults an owner set (issue 36).
-BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +113,12 @@ class Limits:
 
 def limits_sql(limits: Limits) -> str:
     """Our own read-only transaction with every guard and the collector's limits local to
-    it, in one round trip (D1, issue 36). JIT goes off first, by a SET that nothing plans:
-    the SELECT of set_config calls after it is no candidate for JIT (nor, being parallel
+    it, in one round trip (D1, issue 36). JIT goes off first (``BEGIN_GUARDED``): the
+    SELECT of set_config calls after it is no candidate for JIT (nor, being parallel
     unsafe, for parallel workers) whatever the owner's defaults."""
     items = [*limits.guards, *limits.settings]
     calls = [_call(name, value, local=True) for name, value in items]
-    return f"{BEGIN}; SET LOCAL jit = off; SELECT {', '.join(calls)}"
+    return f"{table.BEGIN_GUARDED}; SELECT {', '.join(calls)}"
 
 
 def session_sql(
@@ -157,18 +153,10 @@ def _call(name: str, value: str, *, local: bool) -> str:
     return f"pg_catalog.set_config('{name}', {text}, {'true' if local else 'false'})"
 
 
-_UNITS = {"kb": 1, "mb": 1024, "gb": 1024**2, "tb": 1024**3}
-_AMOUNT = re.compile(r"^\s*(-?\d+)\s*([kmgt]b)?\s*$", re.IGNORECASE)
-
-
 def kilobytes(text: str) -> int:
     """A memory setting as ``current_setting`` prints it (``4MB``, ``-1``) in kB; 0 when
     it cannot be read."""
-    found = _AMOUNT.match(text)
-    if found is None:
-        return 0
-    amount, unit = int(found.group(1)), (found.group(2) or "kb").lower()
-    return amount if amount < 0 else amount * _UNITS[unit]
+    return table.parse_amount(text) or 0
 
 
 def session_read_only(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool | None:

@@ -28,6 +28,7 @@ from exporter.config.target import mask
 from exporter.errors import PredicateError
 from exporter.pg import libpqfiles
 from exporter.pg.casting import decode_text
+from exporter.pg.guards import BEGIN_GUARDED
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,7 @@ def conninfo_for(url: str, dbname: str | None, connect_timeout: float) -> str:
 #: JIT on for the rest of our transaction, never past it.
 END_OWN_TRANSACTION = "ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()"
 END_UNGUARDED_TRANSACTION = (
-    "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; "
-    "SET LOCAL jit = off; SELECT pg_catalog.pg_advisory_unlock_all(); ROLLBACK"
+    f"ROLLBACK; {BEGIN_GUARDED}; SELECT pg_catalog.pg_advisory_unlock_all(); ROLLBACK"
 )
 
 
@@ -81,10 +81,7 @@ def bounded(sql: str, seconds: float) -> str:
     JIT off, rolled back, in one round trip: for a statement of ours on a connection
     that did not log in with the guards (issue 36). Its rows are the third result."""
     ms = max(1, int(seconds * 1000))
-    return (
-        "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE; SET LOCAL jit = off; "
-        f"SET LOCAL statement_timeout = {ms}; {sql}; ROLLBACK"
-    )
+    return f"{BEGIN_GUARDED}; SET LOCAL statement_timeout = {ms}; {sql}; ROLLBACK"
 
 
 def role_of(conninfo: str) -> str:

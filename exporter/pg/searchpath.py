@@ -106,8 +106,9 @@ def _texts(value: object) -> list[str]:
 
 
 def _split(item: str) -> tuple[str, str]:
-    schema, _, what = item.partition("\t")
-    return schema, what
+    """ "extension<TAB>schema" as (extension, schema)."""
+    extension, _, schema = item.partition("\t")
+    return extension, schema
 
 
 def quote_ident(name: str) -> str:

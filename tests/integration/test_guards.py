@@ -179,7 +179,7 @@ _PINNED = {
 async def test_an_owner_gets_nothing_into_our_session(
     every_pg: LocalCluster, owned: Owned, start: Start
 ) -> None:
-    """Findings 1 and 3: whatever the owner set for the database, every statement of ours
+    """Findings 1 and 3 (D1, D2): whatever the owner set for the database, every statement of ours
     runs read only, read committed and not deferrable, without JIT or parallel workers,
     with bounded memory, our search_path and our text formats; the owner's overload of
     pg_wal_lsn_diff is not chosen (it never runs), the view shadowing pg_stat_activity is
@@ -216,7 +216,7 @@ async def test_an_owner_gets_nothing_into_our_session(
 async def test_our_statements_get_no_jit_and_no_parallel_workers(
     every_pg: LocalCluster, owned: Owned, start: Start
 ) -> None:
-    """Finding 8: on a database whose owner made JIT and parallel plans as tempting as
+    """Finding 8 (D1): on a database whose owner made JIT and parallel plans as tempting as
     they can be, no statement of ours, the preflight's and the first limits' included, is
     JIT-compiled or launches a parallel worker, by pg_stat_statements' count (JIT counted
     from PostgreSQL 15, workers from 18)."""
@@ -282,7 +282,7 @@ w_read:
 async def test_an_owners_serializable_defaults_never_make_us_wait(
     pg: LocalCluster, start: Start
 ) -> None:
-    """Finding 2: a database whose owner made every transaction serializable, deferrable
+    """Finding 2 (D1, D3): a database whose owner made every transaction serializable, deferrable
     and read only, while one of their serializable read-write transactions stays open:
     a deferrable read-only transaction would wait for a safe snapshot until it ends. Ours
     are read committed and not deferrable from login, so every scrape is answered at once
