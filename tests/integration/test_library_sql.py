@@ -215,6 +215,33 @@ def test_index_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
     assert rows["public.indexed_w"]["valid"] is False
 
 
+def test_index_keeps_the_most_scanned_and_the_oldest_of_the_never_scanned(
+    pg: LocalCluster,
+) -> None:
+    """Beyond 500 indexes, pg_index keeps the scanned ones first and, among those never
+    scanned, the oldest (lowest OID): the ranking reads OIDs alone (issue 38)."""
+    pg.psql("SELECT 'CREATE DATABASE libsql_cap' WHERE NOT EXISTS"
+            " (SELECT FROM pg_database WHERE datname = 'libsql_cap') \\gexec")  # fmt: skip
+    with psycopg.connect(pg.dsn("libsql_cap"), autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS wide; CREATE TABLE wide (id int, v int)")
+        conn.execute("INSERT INTO wide SELECT i, i FROM generate_series(1, 100) AS i")
+        for n in reversed(range(505)):  # created in the reverse of their names' order
+            conn.execute(f"CREATE INDEX wide_{n:03} ON wide (id)")
+        conn.execute("CREATE INDEX wide_last ON wide (v)")  # the newest OID: scanned below
+        conn.execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        conn.execute("SELECT v FROM wide WHERE v = 7")
+        conn.execute("SELECT pg_stat_force_next_flush()" if pg.version >= 150000 else "SELECT 1")
+        branch = "pg_index_16" if pg.version >= 160000 else "pg_index_13"
+        kept = {r["idxname"] for r in _rows(conn, branch)}
+        oldest = [name for (name,) in conn.execute(
+            "SELECT 'public.' || relname FROM pg_class WHERE relname ~ '^wide_[0-9]+$'"
+            " ORDER BY oid LIMIT 499"
+        ).fetchall()]  # fmt: skip
+    assert len(kept) == 500
+    assert "public.wide_last" in kept
+    assert kept == {"public.wide_last", *oldest}
+
+
 TABLE_VIEWS = """
 SELECT quote_ident(s.schemaname) || '.' || s.relname, s.seq_scan, s.seq_tup_read, s.idx_scan,
        s.idx_tup_fetch, s.n_tup_ins, s.n_tup_upd, s.n_tup_del, s.n_live_tup, s.n_dead_tup,
