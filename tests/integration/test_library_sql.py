@@ -54,10 +54,10 @@ def _rows(conn: psycopg.Connection[Any], key: str) -> list[dict[str, Any]]:
         return cur.execute(sql).fetchall()
 
 
-def _database(cluster: LocalCluster) -> str:
-    cluster.psql(f"SELECT 'CREATE DATABASE {DB}' WHERE NOT EXISTS"
-                 f" (SELECT FROM pg_database WHERE datname = '{DB}') \\gexec")  # fmt: skip
-    return cluster.dsn(DB)
+def _database(cluster: LocalCluster, name: str = DB) -> str:
+    cluster.psql(f"SELECT 'CREATE DATABASE {name}' WHERE NOT EXISTS"
+                 f" (SELECT FROM pg_database WHERE datname = '{name}') \\gexec")  # fmt: skip
+    return cluster.dsn(name)
 
 
 def test_setting_timeouts_are_the_servers_not_the_exporters_session(pg: LocalCluster) -> None:
@@ -220,9 +220,7 @@ def test_index_keeps_the_most_scanned_and_the_oldest_of_the_never_scanned(
 ) -> None:
     """Beyond 500 indexes, pg_index keeps the scanned ones first and, among those never
     scanned, the oldest (lowest OID): the ranking reads OIDs alone (issue 38)."""
-    pg.psql("SELECT 'CREATE DATABASE libsql_cap' WHERE NOT EXISTS"
-            " (SELECT FROM pg_database WHERE datname = 'libsql_cap') \\gexec")  # fmt: skip
-    with psycopg.connect(pg.dsn("libsql_cap"), autocommit=True) as conn:
+    with psycopg.connect(_database(pg, "libsql_cap"), autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS wide; CREATE TABLE wide (id int, v int)")
         conn.execute("INSERT INTO wide SELECT i, i FROM generate_series(1, 100) AS i")
         for n in reversed(range(505)):  # created in the reverse of their names' order
