@@ -7,6 +7,7 @@ once; a pass against a live server, and SIGTERM during one, are in tests/reliabi
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import re
@@ -360,3 +361,19 @@ def test_the_open_files_limit_is_raised_to_the_hard_one() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_young_generation_collections_are_spaced_out_never_made_closer_nor_turned_on() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        serve._space_young_collections()
+        assert gc.get_threshold() == (serve.YOUNG_COLLECTION_THRESHOLD, 10, 10)
+        gc.set_threshold(100_000, 5, 5)  # a larger one chosen for the interpreter stays
+        serve._space_young_collections()
+        assert gc.get_threshold() == (100_000, 5, 5)
+        gc.set_threshold(0)  # 0: cycle collection is off, and stays off
+        serve._space_young_collections()
+        assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*before)
