@@ -289,3 +289,27 @@ def test_table_reads_what_the_statistics_views_show(pg: LocalCluster) -> None:
     assert rows["public.bare"]["idx_scan"] is None
     assert rows["public.counted"]["n_tup_del"] == 10
     assert rows["public.bare"]["toast_blks_hit"] + rows["public.bare"]["toast_blks_read"] > 0
+
+
+def test_table_keeps_the_256_busiest_as_the_go_config_keeps_256(pg: LocalCluster) -> None:
+    """Beyond 256 tables, the Go config's number, pg_table keeps the busiest by rows read
+    and written, and pg_table_size the largest: the same series count a Go dashboard
+    expects, each table costing ~40 series."""
+    with psycopg.connect(_database(pg, "libsql_tables"), autocommit=True) as conn:
+        conn.execute(
+            "DROP SCHEMA IF EXISTS many CASCADE; CREATE SCHEMA many;"
+            "DO $$ BEGIN FOR n IN 1..260 LOOP"
+            " EXECUTE format('CREATE TABLE many.t%s (v int)', n); END LOOP; END $$"
+        )
+        busy = [f"many.t{n}" for n in (7, 130, 259, 260)]  # neither first nor last by name
+        for n, table in enumerate(busy, start=1):
+            conn.execute(f"INSERT INTO {table} SELECT generate_series(1, {100 * n})")
+        conn.execute(f"VACUUM ANALYZE {', '.join(busy)}")
+        conn.execute("SELECT pg_stat_force_next_flush()" if pg.version >= 150000 else "SELECT 1")
+        major = "13" if pg.version < 160000 else "16" if pg.version < 180000 else "18"
+        tables = [r["relname"] for r in _rows(conn, f"pg_table_{major}")]
+        sized = [r["relname"] for r in _rows(conn, "pg_table_size")]
+    assert len(tables) == len(set(tables)) == 256
+    assert set(busy) <= set(tables)
+    assert len(sized) == len(set(sized)) == 256
+    assert set(busy) <= set(sized)
