@@ -31,7 +31,7 @@ class Reader:
     increases between samples (a drop counts the new value), from its first sample."""
 
     def __init__(self) -> None:
-        self.last: dict[tuple[str, ...], list[float]] = {}
+        self.last: dict[Key, list[float]] = {}
         self.counted = [0.0, 0.0]
         self.remainders: list[list[float]] = []
         self.drops = 0  # samples below their series' last: resets as Prometheus sees them

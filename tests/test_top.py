@@ -113,3 +113,45 @@ def test_dry_run_prints_top_so_that_the_output_loads_again() -> None:
     assert collector is not None
     text = render_definitions(Definitions((collector,)))
     assert "  top:\n    by: calls\n    limit: 4\n    band: 8\n" in text
+
+
+PROBE = "SELECT array_agg(1) AS keys, array_agg(1) AS reads"
+
+
+def test_a_probe_ranks_by_a_column_of_its_own_and_needs_id() -> None:
+    """With a probe, ``by`` names the probe's array of ranking counters (no column of the
+    branch need hold it), and ``id`` the column that tells each row's key."""
+    collector, notes = _branch({"by": "reads", "limit": 2, "probe": PROBE, "id": "query"})
+    assert notes.problems == []
+    assert collector is not None
+    assert collector.top is not None
+    assert (collector.top.by, collector.top.probe, collector.top.id) == ("reads", PROBE, "query")
+
+
+def test_a_probe_without_id_or_with_max_is_refused_where_it_is_written() -> None:
+    """Each problem at its field, the fix in its words: a probe without ``id``, an ``id``
+    without a probe, ``max`` (a probe gives totals, not every key's gauge), SQL that could
+    leave the read-only transaction; ``by`` without a probe is still a COUNTER column."""
+    cases: list[tuple[dict[str, object], str, str]] = [
+        ({"probe": PROBE}, "c.yml:pg_q.top.id", "required with probe"),
+        ({"by": "calls", "id": "query"}, "c.yml:pg_q.top.probe", "expected the SQL of one row"),
+        ({"probe": PROBE, "id": "query", "max": ["mean"]}, "c.yml:pg_q.top.max",
+         "a probe gives totals only"),
+        ({"probe": PROBE + "; COMMIT", "id": "query"}, "c.yml:pg_q.top.probe", ""),
+        ({}, "c.yml:pg_q.top.by", "not a COUNTER column of this branch"),
+    ]  # fmt: skip
+    for fields, location, words in cases:
+        _, notes = _branch({"by": "reads", "limit": 2} | fields)
+        assert any(p.location == location and words in p.message for p in notes.problems), (
+            fields,
+            notes.problems,
+        )
+
+
+def test_dry_run_prints_a_probe_so_that_the_output_loads_again() -> None:
+    """--dry-run writes ``id`` and ``probe`` back, and what it writes loads as it was."""
+    collector, _ = _branch({"by": "reads", "limit": 2, "probe": PROBE, "id": "query"})
+    assert collector is not None
+    text = render_definitions(Definitions((collector,)))
+    assert "    id: query\n" in text
+    assert PROBE in text

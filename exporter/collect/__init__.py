@@ -12,6 +12,8 @@ each database, the breaker, the caps, and the passes that walk the databases.
 - ``planning``: which branches run on one server, and why the others do not.
 - ``ranking``: which keys of a ``top`` collector are named; the remainder's counters.
 - ``topn``: a ``top`` collector's rows ranked into named rows and remainder rows.
+- ``probed``: a ``top`` collector with a probe: every key ranked, the named ones read.
+- ``account``: a probed collector's counters: what the named series and remainder show.
 - ``session``: a collector's run on one connection: deadline, limits, predicates.
 - ``server``: one scraped database.
 - ``databases``: the main database and those discovered from it.

@@ -70,7 +70,7 @@ def with_schemas(collector: Collector, facts: ServerFacts) -> Collector | str:
     schema extension NAME is installed in (as PostgreSQL's own extension scripts write
     it), or why it cannot run: the extension is not installed. Our library names an
     extension's objects so, wherever it is installed and whoever may write there."""
-    texts = (collector.query, *(p.sql for p in collector.predicates))
+    texts = _each_text(collector)
     wanted = {name for text in texts for name in _EXTSCHEMA.findall(text)}
     if not wanted:
         return collector
@@ -83,11 +83,20 @@ def with_schemas(collector: Collector, facts: ServerFacts) -> Collector | str:
         return _EXTSCHEMA.sub(lambda m: quote_ident(str(schemas[m.group(1)])), text)
 
     predicates = tuple(replace(p, sql=name(p.sql)) for p in collector.predicates)
-    return replace(collector, query=name(collector.query), predicates=predicates)
+    top = collector.top
+    if top is not None and top.probe is not None:
+        top = replace(top, probe=name(top.probe))
+    return replace(collector, query=name(collector.query), predicates=predicates, top=top)
+
+
+def _each_text(collector: Collector) -> tuple[str, ...]:
+    """Every SQL text the collector runs: its query, its predicates, its ``top`` probe."""
+    probe = collector.top.probe if collector.top is not None else None
+    return (collector.query, *(p.sql for p in collector.predicates), *((probe,) if probe else ()))
 
 
 def _texts(collector: Collector) -> str:
-    return "\n".join((collector.query, *(p.sql for p in collector.predicates)))
+    return "\n".join(_each_text(collector))
 
 
 def untrusted_reach(facts: ServerFacts) -> re.Pattern[str]:
@@ -333,6 +342,10 @@ def _describe(collector: Collector, *, fenced: bool = False) -> list[str]:
             f"; names at most {top.limit} {'/'.join(labels)} by the rate of {top.by}, "
             f"the rest summed as {top.other}{kept} (top)"
         )
+        if top.probe is not None:
+            head += f"; a probe lists every key first, the query reads the named ones by {top.id}"
+            probe = [f"      {line}".rstrip() for line in top.probe.strip().splitlines()]
+            sql += ["    probe:", *probe]
     if fenced:
         head += (
             "; it names a schema others may write: it runs in a read-only transaction of "

@@ -21,8 +21,9 @@ slot, or the slot of the slowest named key that ranked beyond ``band`` for ``hol
 seconds; a heavy hitter without such a slot takes the slowest other key's. At most
 ``limit`` keys are named at once. The first run has no rates: it names every key when
 there are at most ``limit`` (nothing to rank: the output is the collector's own, as
-without ``top``), else none. A group's remainder is published from the first run in
-which one of its keys is not named.
+without ``top``), else none (with ``first_by_value``, as a probed collector has it: the
+``limit`` keys whose ranking counter reads the most). A group's remainder is published
+from the first run in which one of its keys is not named.
 
 Cost: a key whose counters read exactly as at its last sample (most keys of a large
 table of statistics, between two runs) costs a comparison of its cells; only the keys
@@ -57,7 +58,7 @@ MAX_KEYS = 200_000
 #: A rate set this many WINDOWs ago has faded below e^-10 of itself: taken as 0.
 FADED = 10.0
 
-Key = tuple[str, ...]
+Key = tuple[Hashable, ...]  # a row's label texts, or a probe's key as it listed it
 Group = tuple[Hashable, ...]
 Values = Sequence[float | None]
 #: The counters of a row as the caller has them, and how they become numbers.
@@ -93,6 +94,15 @@ class _Key:
 
 
 @dataclass(slots=True)
+class _Spare:
+    """The named keys that may give up their slot in this run, slowest last (sorted at
+    the first need): those out of the band long enough, and those outside the leaders."""
+
+    leaving: list[tuple[float, Key]] | None = None
+    others: list[tuple[float, Key]] | None = None
+
+
+@dataclass(slots=True)
 class Decision:
     """One run's outcome: the counters each named key shows, and each group's
     remainder counters (the groups with a key not named)."""
@@ -124,6 +134,7 @@ class Ranking:
     weight: float = 1.0
     swept: float | None = None
     by_value: list[Key] | None = None  # every key by its ranking counter's value, largest first
+    first_by_value: bool = False  # a first run with too many keys names the largest ones
 
     @property
     def forget(self) -> float:
@@ -150,6 +161,20 @@ class Ranking:
         """:meth:`run` with the rows as three columns: the keys, their groups and their
         counter cells. The keys whose cells are those of their last sample cost a
         comparison; only the others are looked at one by one."""
+        # Tuples, so that a list the caller changes later does not look idle next run.
+        current = dict(zip(keys, map(tuple, cells), strict=True))
+        present = dict(zip(keys, groups, strict=True))
+        changed = _changed(current, self.cells)
+        self.cells = current
+        return self.run_moved(now, present, changed, numbers)
+
+    def run_moved(
+        self, now: float, present: dict[Key, Group], changed: Sequence[tuple[Key, Cells]],
+        numbers: Numbers = _as_numbers,
+    ) -> Decision:  # fmt: skip
+        """:meth:`run` told only which keys are present (and their groups) and the cells of
+        those that changed since the last run (every key, in the first): for a caller
+        that finds them cheaper than a comparison of rows (a probe, :mod:`probed`)."""
         first = self.last_run is None
         dt = 0.0 if first else max(now - (self.last_run or 0.0), 1e-9)
         self.last_run, self.runs = now, self.runs + 1
@@ -157,18 +182,17 @@ class Ranking:
         if not first:
             allowance = self.top.churn
             self.tokens = min(allowance * BURST, self.tokens + dt * allowance / 3600)
-        # Tuples, so that a list the caller changes later does not look idle next run.
-        current = dict(zip(keys, map(tuple, cells), strict=True))
-        present = dict(zip(keys, groups, strict=True))
         moved = [
             (key, self._observe(key, present[key], numbers(row), now, None if first else dt))
-            for key, row in _changed(current, self.cells)
+            for key, row in changed
         ]
-        self.cells = current
         before = set(self.named)
         if first:
             if len(present) <= self.top.limit:
                 self._name_all(present)
+            elif self.first_by_value:
+                largest = self._idle(self.top.limit, present, {})
+                self._name_all({key: present[key] for key in largest})
         else:
             self._name(now, present)
         remainder = self._account(now, moved, before, present)
@@ -216,7 +240,8 @@ class Ranking:
         return increases, resets
 
     def _name_all(self, present: dict[Key, Group]) -> None:
-        """The first run, with no more keys than ``limit``: all of them, free."""
+        """The first run, with no more keys than ``limit``: all of them, free (or, where
+        ``first_by_value``, the ``limit`` largest of more)."""
         for key in present:
             if not self._spelt_like_remainder(key):
                 self.named.add(key)
@@ -238,6 +263,7 @@ class Ranking:
             state.out_since = None if key in band else (state.out_since or now)
         total = sum(rates.values())
         leaders = set(order[: top.limit])
+        spare = _Spare()
         for key in order[: top.limit]:
             state = keys[key]
             if key in self.named or self._spelt_like_remainder(key):
@@ -248,7 +274,7 @@ class Ranking:
             paid = not (heavy or free)
             if paid and (rate <= 0 or self.tokens < 1):
                 continue
-            if not self._make_room(now, heavy, leaders):
+            if not self._make_room(now, heavy, leaders, spare):
                 continue
             self.named.add(key)
             self.ever_named += 0 if state.was_named else 1
@@ -271,26 +297,41 @@ class Ranking:
                     break
         return found
 
-    def _make_room(self, now: float, heavy: bool, leaders: set[Key]) -> bool:
+    def _make_room(self, now: float, heavy: bool, leaders: set[Key], spare: _Spare) -> bool:
         """A slot for one more named key: a free one, or the slowest key's that may leave
-        (or, for a heavy hitter, the slowest outside the leaders); False when none."""
+        (or, for a heavy hitter, the slowest outside the leaders); False when none. The
+        candidates are sorted once a run (``spare``): within a run no rate moves, and a
+        key named in it is a leader that has not been out of the band."""
         if len(self.named) < self.top.limit:
             return True
-        named = [(self.keys[key].rate_at(now), key) for key in self.named]
-        hold = self.top.hold
-        leaving = [
-            (rate, key)
-            for rate, key in named
-            if (since := self.keys[key].out_since) is not None and now - since >= hold
-        ]
-        if not leaving and heavy:
-            leaving = [(rate, key) for rate, key in named if key not in leaders]
-        if not leaving:
+        keys, hold = self.keys, self.top.hold
+        if spare.leaving is None:
+            spare.leaving = sorted(
+                ((keys[key].rate_at(now), key) for key in self.named
+                 if (since := keys[key].out_since) is not None and now - since >= hold),
+                reverse=True,
+            )  # fmt: skip
+        victim = self._slowest(spare.leaving)
+        if victim is None and heavy:
+            if spare.others is None:
+                spare.others = sorted(
+                    ((keys[key].rate_at(now), key) for key in self.named if key not in leaders),
+                    reverse=True,
+                )
+            victim = self._slowest(spare.others)
+        if victim is None:
             return False
-        victim = min(leaving)[1]
         self.named.discard(victim)
-        self.keys[victim].out_since = None
+        keys[victim].out_since = None
         return True
+
+    def _slowest(self, candidates: list[tuple[float, Key]]) -> Key | None:
+        """The slowest of ``candidates`` (sorted fastest first) still named, taken out."""
+        while candidates:
+            _, key = candidates.pop()
+            if key in self.named:
+                return key
+        return None
 
     def _spelt_like_remainder(self, key: Key) -> bool:
         """A key whose ranked labels all read ``other`` is never named: its series would

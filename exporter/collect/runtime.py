@@ -16,6 +16,7 @@ import logging
 import random as _random
 from dataclasses import dataclass, field
 
+from exporter.collect.account import Account, Listing
 from exporter.collect.backoff import (
     PERIOD_JITTER,
     Backoff,
@@ -103,6 +104,8 @@ class CollectorRuntime:
     shed: bool = False  # the breaker left it out of the last pass (D16)
     stretch: float = 0.0  # the ttl the server-time budget stretched it to; 0: none (issue 31)
     ranking: Ranking | None = None  # a ``top`` collector's keys across runs (issue 38)
+    account: Account | None = None  # and a probed one's counters (issue 38)
+    listing: Listing | None = None  # and the keys its probe listed last
 
     @property
     def ran(self) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import errors as pgerrors
 
-from exporter.collect import topn
+from exporter.collect import probed, topn
 from exporter.collect.budget import Budget, RequestEnded, deadline, until_request_ends
 from exporter.collect.cache import Entry, Outcome
 from exporter.collect.runtime import CollectorRuntime
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
 Cursor = psycopg.AsyncCursor[tuple[object, ...]]
+RawCursor = psycopg.AsyncRawCursor[tuple[object, ...]]
 Batches = AsyncGenerator[postgres.Batch, None]
 
 
@@ -79,6 +80,7 @@ class Session:
         self.prepared: Prepared | None = None  # the collector queries it has prepared
         self.plan_bytes: int | None = None  # their plans' memory in the backend, last read
         self.cursor: tuple[Conn, Cursor] | None = None  # reused while the connection lives
+        self.raw_cursor: tuple[Conn, RawCursor] | None = None  # for queries with $1 (a probe's)
 
     def _cursor(self, conn: Conn) -> Cursor:
         """The connection's one cursor, reused by every collector: a cursor per collector
@@ -203,9 +205,16 @@ class Session:
         if session and collector.predicates:
             self._check_read_only(conn, collector)  # a predicate may have turned it off
         if self.pgbouncer:
+            if collector.top is not None and collector.top.probe is not None:
+                raise CollectorError(
+                    f"collector {collector.key}: a top probe needs PostgreSQL (its query "
+                    "takes the named keys as a parameter); pgBouncer's console has none"
+                )
             return await self._build(
                 collector, postgres.console_batches(cur, collector.query), runtime
             )
+        if collector.top is not None and collector.top.probe is not None:
+            return await self._probed(conn, cur, runtime)
         query = collector.query
         text = await self._statement(conn, cur, collector, datname) if session else query
         try:
@@ -215,6 +224,37 @@ class Session:
                 raise
         # The prepared statement is gone or its plan no longer fits: run it as text.
         return await self._build(collector, postgres.stream_batches(cur, collector.query), runtime)
+
+    async def _probed(
+        self, conn: Conn, cur: Cursor, runtime: CollectorRuntime
+    ) -> SampleBuilder | None:
+        """A ``top`` collector with a probe (issue 38): the probe lists every key, the
+        ranking names some, and the query reads those alone (``$1``). Neither is prepared:
+        the query has a parameter, and the probe's plan is not where its time goes."""
+        collector = runtime.collector
+        top = collector.top
+        assert top is not None
+        assert top.probe is not None
+        cap = collector.max_series or self.max_series
+        await cur.execute(top.probe, prepare=False, binary=True)  # arrays: binary is cheaper
+        names = [d.name for d in cur.description or ()]
+        rows = await cur.fetchmany(2)
+        listed = probed.read_probe(runtime, names, rows, self.clock(), cap)
+        if listed is None or not listed.named:
+            return None
+        raw = self._raw_cursor(conn)
+        batches = postgres.stream_batches(
+            raw, collector.query, (probed.keys_literal(listed.named),)
+        )
+        return await self._build(collector, probed.accounted(runtime, listed, batches, cap))
+
+    def _raw_cursor(self, conn: Conn) -> RawCursor:
+        """The connection's cursor for queries that take ``$1`` (a probed collector's)."""
+        held = self.raw_cursor
+        if held is None or held[0] is not conn:
+            held = self.raw_cursor = (conn, psycopg.AsyncRawCursor(conn))
+            loaders.install(held[1])
+        return held[1]
 
     async def _build(
         self, collector: Collector, rows: Batches, runtime: CollectorRuntime | None = None

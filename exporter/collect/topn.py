@@ -40,7 +40,7 @@ class Shape:
     gauges: tuple[int, ...]
     summed: tuple[int, ...]  # the GAUGE columns the remainder sums (``top.sum``)
     largest: tuple[int, ...]  # and those it takes the largest of (``top.max``)
-    by: int  # the ranking counter's place among ``counters``
+    by: int  # the ranking counter's place among ``counters`` (-1: a probe ranks)
     label_texts: tuple[Callable[[Any], str] | None, ...]  # per key and kept column; None: text
     numbers: dict[int, Callable[[Any], float | int]]  # value columns to convert
     types: tuple[int, ...]  # the type oids of the rows that come out
@@ -64,7 +64,8 @@ def shape_of(collector: Collector, names: Sequence[str], types: Sequence[int]) -
     top = collector.top
     assert top is not None
     index = {name: n for n, name in enumerate(names)}
-    wanted = [c.name for c in collector.label_columns] + [top.by]
+    probed = top.probe is not None  # the probe ranks: the rows need not hold ``by``
+    wanted = [c.name for c in collector.label_columns] + ([] if probed else [top.by])
     if missing := [name for name in wanted if name not in index]:
         raise MissingColumnError(
             f"collector {collector.key}: column {missing[0]} (needed to rank by {top.by}) is "
@@ -85,7 +86,7 @@ def shape_of(collector: Collector, names: Sequence[str], types: Sequence[int]) -
         key, kept, counters, gauges,
         tuple(n for n in gauges if names[n] in top.sum),
         tuple(n for n in gauges if names[n] in top.max),
-        counters.index(index[top.by]),
+        -1 if probed else counters.index(index[top.by]),
         tuple(None if casts[n].kind in _TEXTS else casts[n].label for n in key + kept),
         numbers, out, len(names),
     )  # fmt: skip
@@ -110,14 +111,14 @@ def rank_rows(
 ) -> tuple[list[tuple[object, ...]], SparseRows]:  # fmt: skip
     """The rows to publish: the named keys', and one remainder row per kept labels that
     has a key not named. Per row, only C-level work unless its counters moved."""
-    identities = _identities(shape, rows)
+    identities = key_labels(shape, rows)
     _check_unique(collector, identities)
     groups = _columns(shape.kept, rows)
     # Whole rows are compared with the last run's: a row that reads the same is idle.
     decision = ranking.run_columns(now, identities, groups, rows, shape.convert)
     named, held = decision.named, ranking.cells
     out = [  # a named key absent from this run has no row: its series goes stale
-        _shown(shape, _converted(shape, held[key], key), named[key])
+        shown_row(shape, converted(shape, held[key], key), named[key])
         for key in sorted(named)
         if key in held
     ]
@@ -127,7 +128,7 @@ def rank_rows(
             found = gauges.get(group)
             if found is not None and key not in named:
                 for n in shape.summed + shape.largest:
-                    if (value := _number(_cell(shape, row, n))) is not None:
+                    if (value := as_number(value_cell(shape, row, n))) is not None:
                         found.setdefault(n, []).append(value)
     other = ranking.top.other
     rest = SparseRows(
@@ -137,7 +138,7 @@ def rank_rows(
     return out, rest
 
 
-def _identities(shape: Shape, rows: list[tuple[object, ...]]) -> list[Key]:
+def key_labels(shape: Shape, rows: list[tuple[object, ...]]) -> list[Key]:
     """Each row's labels as text, its key then its kept labels: column by column at C
     level (a NULL label is empty)."""
     columns = [
@@ -164,14 +165,14 @@ def _columns(
     return list(map(itemgetter(*positions), rows))
 
 
-def _cell(shape: Shape, row: tuple[object, ...], n: int) -> object:
+def value_cell(shape: Shape, row: tuple[object, ...], n: int) -> object:
     """A value cell as a number where its type said otherwise."""
     value = row[n]
     number = shape.numbers.get(n)
     return value if number is None or value is None else number(value)
 
 
-def _shown(shape: Shape, row: tuple[object, ...], shown: list[float]) -> tuple[object, ...]:
+def shown_row(shape: Shape, row: tuple[object, ...], shown: list[float]) -> tuple[object, ...]:
     """A named key's row with the counters its series shows (NaN: none known yet)."""
     cells = list(row)
     for n, value in zip(shape.counters, shown, strict=True):
@@ -197,7 +198,7 @@ def _remainder(
     return tuple(cells)
 
 
-def _converted(shape: Shape, row: tuple[object, ...], key: Key) -> tuple[object, ...]:
+def converted(shape: Shape, row: tuple[object, ...], key: Key) -> tuple[object, ...]:
     """The row with its key labels as text (``key``) and its values as numbers where
     their type said otherwise, so that a remainder's numbers render in the same column."""
     cells = list(row)
@@ -209,7 +210,7 @@ def _converted(shape: Shape, row: tuple[object, ...], key: Key) -> tuple[object,
     return tuple(cells)
 
 
-def _number(value: object) -> float | None:
+def as_number(value: object) -> float | None:
     """A converted cell as a float; None for NULL, NaN and what is not a number."""
     if isinstance(value, int | float) and not math.isnan(value):
         return float(value)

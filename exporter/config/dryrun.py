@@ -58,6 +58,8 @@ def _collector_fields(collector: Collector) -> dict[str, object]:
         ranked: dict[str, object] = {"by": top.by, "limit": top.limit, "band": top.band}
         ranked |= {"hold": top.hold, "churn": top.churn, "keep": list(top.keep), "other": top.other}
         ranked |= {"sum": list(top.sum), "max": list(top.max)}
+        if top.probe is not None:
+            ranked |= {"id": top.id, "probe": top.probe}
         fields["top"] = ranked
     if collector.predicates:
         fields["predicate_queries"] = [

@@ -12,9 +12,12 @@ import math
 from exporter.config.columns import is_number
 from exporter.config.definitions import DEFAULT_HOLD, DEFAULT_OTHER, Column, Top, Usage
 from exporter.config.problems import Notes, kind_of
+from exporter.config.sqltext import collector_sql_problem
 from exporter.errors import excerpt
 
-TOP_FIELDS = frozenset({"by", "limit", "band", "hold", "churn", "keep", "other", "sum", "max"})
+TOP_FIELDS = frozenset(
+    {"by", "limit", "band", "hold", "churn", "keep", "other", "sum", "max", "probe", "id"}
+)
 #: ``band`` when absent: twice ``limit``.
 BAND_FACTOR = 2
 #: ``churn`` when absent: a quarter of ``limit`` new keys an hour, so that the distinct
@@ -33,7 +36,8 @@ def read_top(notes: Notes, key: str, raw: object, columns: tuple[Column, ...]) -
     before = len(notes.problems)
     notes.warn_unknown(where, raw, TOP_FIELDS)
     usages = {c.name: c.usage for c in columns}
-    by = _read_by(notes, f"{where}.by", raw.get("by"), usages)
+    probe, ident = _read_probe(notes, where, raw.get("probe"), raw.get("id"))
+    by = _read_by(notes, f"{where}.by", raw.get("by"), usages, probed=probe is not None)
     limit = _read_count(notes, f"{where}.limit", raw.get("limit"), 1, required=True)
     band = _read_count(notes, f"{where}.band", raw.get("band"), limit or 1, required=False)
     keep = _read_columns(notes, f"{where}.keep", raw.get("keep"), usages, Usage.LABEL)
@@ -41,6 +45,12 @@ def read_top(notes: Notes, key: str, raw: object, columns: tuple[Column, ...]) -
     largest = _read_columns(notes, f"{where}.max", raw.get("max"), usages, Usage.GAUGE)
     if both := sorted(set(summed) & set(largest)):
         notes.error(f"{where}.max", f"{excerpt(both[0])} is in sum as well; pick one")
+    if probe is not None and largest:
+        notes.error(
+            f"{where}.max",
+            "a probe gives totals only, so the largest of the rest is unknown; "
+            "use sum, or drop the probe",
+        )
     _check_shape(notes, where, columns, keep)
     hold = _read_number(notes, f"{where}.hold", raw.get("hold"), DEFAULT_HOLD)
     churn = _read_number(notes, f"{where}.churn", raw.get("churn"), CHURN_SHARE * (limit or 0))
@@ -50,14 +60,45 @@ def read_top(notes: Notes, key: str, raw: object, columns: tuple[Column, ...]) -
     if len(notes.problems) > before or by is None or limit is None:
         return None
     band = band or BAND_FACTOR * limit
-    return Top(by, limit, band, hold, churn, keep, str(other), summed, largest)
+    return Top(by, limit, band, hold, churn, keep, str(other), summed, largest, probe, ident)
 
 
-def _read_by(notes: Notes, where: str, value: object, usages: dict[str, Usage]) -> str | None:
-    """``by``: required, a COUNTER column of the branch (its rate ranks the keys)."""
+def _read_probe(
+    notes: Notes, where: str, probe: object, ident: object
+) -> tuple[str | None, str | None]:
+    """``probe`` (the SQL that lists every key with its ranking counter) and ``id`` (the
+    column of the query's rows that tells their key): both or neither."""
+    if probe is None and ident is None:
+        return None, None
+    if not isinstance(probe, str) or not probe.strip():
+        notes.error(
+            f"{where}.probe",
+            "expected the SQL of one row that lists every key and its "
+            f"ranking counter as arrays (id is set), got {kind_of(probe)}",
+        )
+        return None, None
+    if (problem := collector_sql_problem(probe)) is not None:
+        notes.error(f"{where}.probe", problem)
+    if not isinstance(ident, str) or not ident:
+        notes.error(
+            f"{where}.id",
+            "required with probe: the column of the query's rows that holds "
+            f"their key as the probe lists it, got {kind_of(ident)}",
+        )
+        return None, None
+    return probe, ident
+
+
+def _read_by(
+    notes: Notes, where: str, value: object, usages: dict[str, Usage], *, probed: bool
+) -> str | None:
+    """``by``: required, a COUNTER column of the branch (its rate ranks the keys); with a
+    probe, the probe's column that holds each key's ranking counter."""
     if not isinstance(value, str) or not value:
         notes.error(where, f"required: the COUNTER column to rank by, got {kind_of(value)}")
         return None
+    if probed:
+        return value
     if usages.get(value) is not Usage.COUNTER:
         notes.error(where, f"{excerpt(value)} is not a COUNTER column of this branch")
         return None

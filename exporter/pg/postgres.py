@@ -206,9 +206,10 @@ async def run_predicate(
 
 
 async def stream_batches(
-    cur: psycopg.AsyncCursor[tuple[object, ...]], query: str
+    cur: psycopg.AsyncCursor[tuple[object, ...]], query: str, params: Sequence[object] = ()
 ) -> AsyncGenerator[Batch, None]:
-    """Run ``query`` and yield (column names, type oids, rows) in batches as rows arrive (D9).
+    """Run ``query`` (with ``params``, for a cursor that takes ``$1``) and yield (column
+    names, type oids, rows) in batches as rows arrive (D9).
 
     Rows are streamed, never buffered whole: a consumer that stops early (a series
     cap, a missing column) makes psycopg cancel the rest of the query in the server.
@@ -220,7 +221,10 @@ async def stream_batches(
     batch: list[tuple[object, ...]] = []
     # aclosing: when the consumer stops early, psycopg must cancel and drain the query
     # now, before the transaction is settled, not whenever the generator is collected.
-    stream = cast(AsyncGenerator[tuple[object, ...], None], cur.stream(query, size=_STREAM_CHUNK))
+    stream = cast(
+        AsyncGenerator[tuple[object, ...], None],
+        cur.stream(query, params or None, size=_STREAM_CHUNK),
+    )
     async with aclosing(stream) as rows:
         async for row in rows:
             if not batch and not names:

@@ -1,0 +1,148 @@
+"""The counters of a probed ``top`` collector: what each named key's series shows and
+what the remainder holds, from the named keys' rows and the totals over every key
+(issue 38). Pure arithmetic on numbers: :mod:`probed` reads the database.
+
+Counter by counter, each run: a key named in this run and the last shows its own
+increase; one named anew shows its real value, or, when it was named before and is
+still remembered, continues flat from what it showed, as :mod:`ranking` has it (so
+that Prometheus, whose ``increase()`` spans a series' gaps, never counts an increase
+twice). The remainder grows by the total's increase less the increases the named
+series show, so that the named series and the remainder add up to the total. A named
+key whose counter fell (a reset) shows no increase, and what it counted since goes to
+the remainder; a named key no longer listed (dropped) takes its last values out of the
+total's fall. Only a key not named that is dropped or reset makes the total fall
+unseen: the remainder then does not grow in that run (it never falls), and misses at
+most what the other keys not named counted in it.
+
+Memory: the last values of the keys named in the last run, and what the series of the
+keys named at some time show while the probe still lists them.
+
+:class:`Listing` keeps what the probe listed last, so that a run whose keys are those of
+the last one (most runs: tables come and go seldom) finds the keys whose ranking counter
+moved by comparing two arrays at C level, not one key after another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import ne
+
+from exporter.collect.ranking import Group, Key
+
+
+@dataclass(slots=True)
+class Listing:
+    """The keys a probe listed in its last run, as keys of a ranking, with their ranking
+    counters."""
+
+    raw: list[object] = field(default_factory=list)  # as the probe listed them
+    group: Group = ()
+    keys: list[Key] = field(default_factory=list)
+    present: dict[Key, Group] = field(default_factory=dict)
+    values: list[object] = field(default_factory=list)
+
+    def update(
+        self, raw: list[object], values: list[object], group: Group
+    ) -> list[tuple[Key, tuple[object]]]:
+        """Take this run's listing; the keys whose value is not the last run's (or that
+        are new), each with its value."""
+        if raw == self.raw and group == self.group:
+            moved = compress(range(len(values)), map(ne, values, self.values))
+            keys = self.keys
+            changed = [(keys[n], (values[n],)) for n in moved]
+        else:
+            keys = list(zip(raw))  # as listed: a text of each would cost memory a key
+            last = dict(zip(self.keys, self.values, strict=True))
+            changed = [
+                (key, (value,)) for key, value in zip(keys, values, strict=True)
+                if key not in last or last[key] != value
+            ]  # fmt: skip
+            self.raw, self.group, self.keys = raw, group, keys
+            self.present = dict.fromkeys(keys, group)
+        self.values = values
+        return changed
+
+    @property
+    def repeated(self) -> bool:
+        """Whether a key is listed twice."""
+        return len(self.present) != len(self.keys)
+
+
+@dataclass(slots=True)
+class Account:
+    """One probed collector's counters on one database, across runs."""
+
+    signature: Hashable  # what the caller made it for: a new one is made when it changes
+    counters: int
+    last: dict[Key, list[float]] = field(default_factory=dict)  # the last run's named keys
+    shown: dict[Key, list[float]] = field(default_factory=dict)  # what their series show
+    totals: list[float] | None = None  # the totals at the last run (NaN: not given)
+    remainder: list[float] = field(default_factory=list)
+    published: bool = False  # the remainder has been published once: it stays
+
+    def __post_init__(self) -> None:
+        if not self.remainder:
+            self.remainder = [0.0] * self.counters
+
+    def run(
+        self, rows: Mapping[Key, Sequence[float]], listed: Collection[Key],
+        totals: Sequence[float],
+    ) -> dict[Key, list[float]]:  # fmt: skip
+        """Take one run: the named keys' counters (NaN for NULL), every key the probe
+        listed, and the totals over all of them (NaN: not given). Returns what each named
+        key's series shows; the remainder is then in ``remainder``."""
+        shown_increase = [0.0] * self.counters  # of this run's, what the named series show
+        out = {key: self._named(key, values, shown_increase) for key, values in rows.items()}
+        for key in [key for key in self.last if key not in rows]:
+            gone = self.last.pop(key)
+            if key not in listed:  # dropped: its counts left the total with it
+                for n, before in enumerate(gone):
+                    if not math.isnan(before):
+                        shown_increase[n] -= before
+        for key in [key for key in self.shown if key not in rows and key not in listed]:
+            del self.shown[key]
+        now = [float(t) for t in totals]
+        if self.totals is not None:
+            for n, (after, before) in enumerate(zip(now, self.totals, strict=True)):
+                if not (math.isnan(after) or math.isnan(before)):
+                    self.remainder[n] += max(0.0, after - before - shown_increase[n])
+        self.totals = now
+        if len(listed) > len(rows):
+            self.published = True
+        return out
+
+    def _named(self, key: Key, values: Sequence[float], increase: list[float]) -> list[float]:
+        """What a named key's series shows now; what it shows of this run's increase is
+        added to ``increase``."""
+        shown = self.shown.get(key)
+        last = self.last.get(key)
+        if shown is None:  # named for the first time: its real values from here on
+            shown = self.shown[key] = list(values)
+            self.last[key] = list(values)
+        elif last is None:  # named again after a time unnamed: flat from what it showed
+            shown[:] = [v if math.isnan(s) else s for s, v in zip(shown, values, strict=True)]
+            self.last[key] = list(values)
+        else:
+            self._advance(last, shown, values, increase)
+        return list(shown)
+
+    @staticmethod
+    def _advance(
+        last: list[float], shown: list[float], values: Sequence[float], increase: list[float]
+    ) -> None:
+        """A key named in the last run and this one: its series shows its increase."""
+        for n, value in enumerate(values):
+            if math.isnan(value):
+                continue  # NULL: no increase, the last value kept
+            before, last[n] = last[n], value
+            if math.isnan(before):
+                if math.isnan(shown[n]):
+                    shown[n] = value  # the first value known: a start
+            elif value >= before:
+                shown[n] += value - before
+                increase[n] += value - before
+            else:  # a reset: flat, and the remainder takes what it counted since
+                increase[n] -= before
