@@ -106,3 +106,14 @@ def test_a_listing_like_the_last_finds_the_moved_keys_by_comparing_arrays() -> N
     assert not listing.repeated
     listing.update([5, 5], [1, 1], ("db",))
     assert listing.repeated
+
+
+def test_a_row_that_did_not_move_is_passed_as_unchanged() -> None:
+    """A key named in the last run whose row reads the same is passed as None: its series
+    stands, and the total's increase is the other keys', all the remainder's."""
+    account = Account("sig", 1)
+    account.run({A: [5.0]}, {A, B}, [10.0])
+    assert account.run({A: None}, {A, B}, [13.0]) == {A: [5.0]}
+    assert account.remainder == [3.0]
+    assert account.run({A: [6.0]}, {A, B}, [14.0]) == {A: [6.0]}
+    assert account.remainder == [3.0]

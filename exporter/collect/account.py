@@ -15,7 +15,8 @@ unseen: the remainder then does not grow in that run (it never falls), and misse
 most what the other keys not named counted in it.
 
 Memory: the last values of the keys named in the last run, and what the series of the
-keys named at some time show while the probe still lists them.
+keys named at some time show while the probe still lists them. Cost: a key whose row
+reads as in the last run is passed as unchanged and costs nothing here.
 
 :class:`Listing` keeps what the probe listed last, so that a run whose keys are those of
 the last one (most runs: tables come and go seldom) finds the keys whose ranking counter
@@ -28,7 +29,7 @@ import math
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import ne
+from operator import add, ge, ne, sub
 
 from exporter.collect.ranking import Group, Key
 
@@ -82,18 +83,23 @@ class Account:
     totals: list[float] | None = None  # the totals at the last run (NaN: not given)
     remainder: list[float] = field(default_factory=list)
     published: bool = False  # the remainder has been published once: it stays
+    # The caller's: each named key's last row as read and as published (:mod:`probed`).
+    rendered: dict[Key, tuple[tuple[object, ...], tuple[object, ...]]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if not self.remainder:
             self.remainder = [0.0] * self.counters
 
     def run(
-        self, rows: Mapping[Key, Sequence[float]], listed: Collection[Key],
+        self, rows: Mapping[Key, Sequence[float] | None], listed: Collection[Key],
         totals: Sequence[float],
     ) -> dict[Key, list[float]]:  # fmt: skip
-        """Take one run: the named keys' counters (NaN for NULL), every key the probe
-        listed, and the totals over all of them (NaN: not given). Returns what each named
-        key's series shows; the remainder is then in ``remainder``."""
+        """Take one run: the named keys' counters (NaN for NULL; None: a key named in the
+        last run whose counters read as then), every key the probe listed, and the totals
+        over all of them (NaN: not given). Returns what each named key's series shows (not
+        to be changed); the remainder is then in ``remainder``."""
         shown_increase = [0.0] * self.counters  # of this run's, what the named series show
         out = {key: self._named(key, values, shown_increase) for key, values in rows.items()}
         for key in [key for key in self.last if key not in rows]:
@@ -114,11 +120,17 @@ class Account:
             self.published = True
         return out
 
-    def _named(self, key: Key, values: Sequence[float], increase: list[float]) -> list[float]:
+    def _named(
+        self, key: Key, values: Sequence[float] | None, increase: list[float]
+    ) -> list[float]:
         """What a named key's series shows now; what it shows of this run's increase is
         added to ``increase``."""
         shown = self.shown.get(key)
         last = self.last.get(key)
+        if values is None:  # as in the last run, when it was named: nothing moved
+            assert shown is not None
+            assert last is not None
+            return shown
         if shown is None:  # named for the first time: its real values from here on
             shown = self.shown[key] = list(values)
             self.last[key] = list(values)
@@ -127,13 +139,19 @@ class Account:
             self.last[key] = list(values)
         else:
             self._advance(last, shown, values, increase)
-        return list(shown)
+        return shown
 
     @staticmethod
     def _advance(
         last: list[float], shown: list[float], values: Sequence[float], increase: list[float]
     ) -> None:
         """A key named in the last run and this one: its series shows its increase."""
+        if all(map(ge, values, last)):  # no NaN (it compares false), no reset: at C level
+            increases = list(map(sub, values, last))
+            shown[:] = map(add, shown, increases)
+            increase[:] = map(add, increase, increases)
+            last[:] = values
+            return
         for n, value in enumerate(values):
             if math.isnan(value):
                 continue  # NULL: no increase, the last value kept

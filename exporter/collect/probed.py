@@ -221,18 +221,27 @@ def _rows(
                 "row per key"
             )
         by_key[key] = row
-    values = {
-        key: [math.nan if v is None else float(v) for v in shape.convert(row)]
-        for key, row in by_key.items()
-    }
+    # A row that reads as it did in the last run, of a key named then: its counters did
+    # not move, and what was published of it stands (most rows, between two runs).
+    rendered = account.rendered
+    values: dict[Key, list[float] | None] = {}
+    for key, row in by_key.items():
+        held = rendered.get(key)
+        if held is not None and held[0] == row and key in account.last:
+            values[key] = None
+        else:
+            values[key] = [math.nan if v is None else float(v) for v in shape.convert(row)]
     counters = [names[n] for n in shape.counters]
     shown = account.run(values, probed.keys, [_total(probed, name) for name in counters])
+    fresh = [key for key, moved in values.items() if moved is not None]
+    labels = key_labels(shape, [by_key[key] for key in fresh])
+    made = {
+        key: shown_row(shape, converted(shape, by_key[key], label[: len(shape.key)]), shown[key])
+        for key, label in zip(fresh, labels, strict=True)
+    }
+    out = [made[key] if key in made else rendered[key][1] for key in by_key]
+    account.rendered = {key: (by_key[key], row) for key, row in zip(by_key, out, strict=True)}
     kept = list(by_key.values())
-    labels = key_labels(shape, kept)
-    out = [
-        shown_row(shape, converted(shape, row, label[: len(shape.key)]), shown[key])
-        for (key, row), label in zip(by_key.items(), labels, strict=True)
-    ]
     rest = SparseRows()
     if account.published:
         rest.append(
