@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from exporter.collect.account import Account, Listing
 from exporter.collect.ranking import Key
 
@@ -117,3 +119,17 @@ def test_a_row_that_did_not_move_is_passed_as_unchanged() -> None:
     assert account.remainder == [3.0]
     assert account.run({A: [6.0]}, {A, B}, [14.0]) == {A: [6.0]}
     assert account.remainder == [3.0]
+
+
+def test_a_listing_in_text_is_read_only_when_it_changed() -> None:
+    """The probe's arrays as PostgreSQL writes them: the same texts as the last run's
+    cost two comparisons; a moved value is read as a number; keys stay their text."""
+    listing = Listing()
+    assert listing.update("{16384,16390}", "{7,0}", ("db",)) == [
+        (("16384",), (7,)), (("16390",), (0,)),
+    ]  # fmt: skip
+    assert listing.update("{16384,16390}", "{7,0}", ("db",)) == []
+    assert listing.update("{16384,16390}", "{7,2.5}", ("db",)) == [(("16390",), (2.5,))]
+    assert listing.update("{16390,16400}", "{2.5,NULL}", ("db",)) == [(("16400",), (None,))]
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        listing.update("{1,2}", "{1}", ("db",))

@@ -17,6 +17,7 @@ from exporter.pg.casting import (
     KIND_BY_OID,
     Escaped,
     Kind,
+    array_elements,
     cast_for,
     decode_text,
     go_float,
@@ -308,3 +309,29 @@ def test_go_float(value: float, text: str) -> None:
     """Bucket bounds and float labels are written the way Go's strconv 'g' shortest
     format writes them."""
     assert go_float(value) == text
+
+
+def test_array_elements_reads_one_dimension_as_postgresql_writes_it() -> None:
+    """A probe's arrays come as their text (issue 38): numbers and plain names split at
+    C level, quoted elements with their escapes, NULL as None; a nested array or what is
+    no array is refused."""
+    assert array_elements("{}") == []
+    assert array_elements("{16384,16390,7}") == ["16384", "16390", "7"]
+    assert array_elements("{1,NULL,3}") == ["1", None, "3"]
+    assert array_elements('{"a,b",c,"d\\"e",NULL,"NULL",""}') == [
+        "a,b",
+        "c",
+        'd"e',
+        None,
+        "NULL",
+        "",
+    ]
+    refused = {
+        "{{1,2},{3,4}}": "a nested array",
+        "1,2": "not an array",
+        '{"a}': "an unterminated quoted element",
+        '{"a"b}': "unexpected 'b' after an element",
+    }
+    for bad, words in refused.items():
+        with pytest.raises(ValueError, match=words):
+            array_elements(bad)

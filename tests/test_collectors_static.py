@@ -273,12 +273,18 @@ def test_per_database_branches_label_datname_and_bound_their_rows() -> None:
 
 
 def test_families_that_grow_with_the_workload_or_the_schema_are_ranked() -> None:
-    """Statements, functions, sequences and per-database families name at most a stated
-    number of keys and sum the rest (issue 38); a gauge the remainder carries is one
-    that adds up or whose largest is what an alert needs."""
+    """Statements, tables, indexes, functions, sequences and per-database families name
+    at most a stated number of keys and sum the rest (issue 38); a gauge the remainder
+    carries is one that adds up or whose largest is what an alert needs."""
     ranked = {c.name: c.top for c in library().collectors if c.top is not None}
     assert {"pg_query", "pg_func", "pg_seq", "pg_db", "pg_db_confl"} <= ranked.keys()
+    assert {"pg_table", "pg_index"} <= ranked.keys()
     for collector in library().collectors:
+        if collector.top is not None and collector.top.probe is not None:
+            # A probe names the keys; the query reads them by $1 and tells each by id.
+            assert "$1" in collector.query, collector.key
+            assert collector.top.id in {c.name for c in collector.columns}, collector.key
+            assert re.search(rf"\bAS\s+{collector.top.by}\b", collector.top.probe), collector.key
         if collector.top is not None:
             gauges = {c.name for c in collector.value_columns if c.usage is Usage.GAUGE}
             carried = set(collector.top.sum) | set(collector.top.max)

@@ -28,48 +28,95 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from itertools import compress
 from operator import add, ge, ne, sub
 
 from exporter.collect.ranking import Group, Key
+from exporter.pg.casting import array_elements
 
 
 @dataclass(slots=True)
 class Listing:
     """The keys a probe listed in its last run, as keys of a ranking, with their ranking
-    counters."""
+    counters. The probe's arrays come as PostgreSQL writes them (text: reading each
+    element is left for when the text changed) or as lists."""
 
-    raw: list[object] = field(default_factory=list)  # as the probe listed them
+    raw_keys: object = None  # as the probe gave them
+    raw_values: object = None
     group: Group = ()
     keys: list[Key] = field(default_factory=list)
     present: dict[Key, Group] = field(default_factory=dict)
-    values: list[object] = field(default_factory=list)
+    values: list[object] = field(default_factory=list)  # each key's, as the probe gave it
 
     def update(
-        self, raw: list[object], values: list[object], group: Group
-    ) -> list[tuple[Key, tuple[object]]]:
+        self, raw_keys: str | list[object], raw_values: str | list[object], group: Group
+    ) -> list[tuple[Key, tuple[float | int | None]]]:
         """Take this run's listing; the keys whose value is not the last run's (or that
-        are new), each with its value."""
-        if raw == self.raw and group == self.group:
-            moved = compress(range(len(values)), map(ne, values, self.values))
+        are new), each with its value as a number. Raises ValueError for an array that
+        is not one, or two of different lengths."""
+        same_keys = raw_keys == self.raw_keys and group == self.group
+        if same_keys and raw_values == self.raw_values:
+            return []  # nothing moved: one comparison at C level
+        values = _elements(raw_values)
+        if same_keys:
             keys = self.keys
-            changed = [(keys[n], (values[n],)) for n in moved]
+            _check_lengths(keys, values)
+            moved = compress(range(len(values)), map(ne, values, self.values))
+            changed = [(keys[n], (as_number(values[n]),)) for n in moved]
         else:
-            keys = list(zip(raw))  # as listed: a text of each would cost memory a key
+            keys = list(zip(_elements(raw_keys)))  # as listed: no text of each made
+            _check_lengths(keys, values)
             last = dict(zip(self.keys, self.values, strict=True))
             changed = [
-                (key, (value,)) for key, value in zip(keys, values, strict=True)
+                (key, (as_number(value),)) for key, value in zip(keys, values, strict=True)
                 if key not in last or last[key] != value
             ]  # fmt: skip
-            self.raw, self.group, self.keys = raw, group, keys
+            self.keys, self.group = keys, group
             self.present = dict.fromkeys(keys, group)
-        self.values = values
+        self.raw_keys, self.raw_values, self.values = raw_keys, raw_values, values
         return changed
 
     @property
     def repeated(self) -> bool:
         """Whether a key is listed twice."""
         return len(self.present) != len(self.keys)
+
+
+def _elements(raw: str | list[object]) -> list[object]:
+    """An array's elements: read from its text, or the list as it is."""
+    if isinstance(raw, str):
+        return list(array_elements(raw))
+    return raw
+
+
+def _check_lengths(keys: list[Key], values: list[object]) -> None:
+    if len(keys) != len(values):
+        raise ValueError(f"it lists {len(keys)} keys but {len(values)} values to rank them")
+
+
+def as_number(value: object) -> float | int | None:
+    """A probe's cell as a number: an int or float as it is, a text or decimal read;
+    None for NULL and what is not a number."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        return _read_number(value)
+    return float(value) if isinstance(value, Decimal) else None
+
+
+def _read_number(text: str) -> float | int | None:
+    """A number's text as an int (counters are whole) or a float; None if it is none."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 @dataclass(slots=True)
@@ -84,9 +131,7 @@ class Account:
     remainder: list[float] = field(default_factory=list)
     published: bool = False  # the remainder has been published once: it stays
     # The caller's: each named key's last row as read and as published (:mod:`probed`).
-    rendered: dict[Key, tuple[tuple[object, ...], tuple[object, ...]]] = field(
-        default_factory=dict
-    )
+    rendered: dict[Key, tuple[tuple[object, ...], tuple[object, ...]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.remainder:

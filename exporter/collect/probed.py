@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Collection, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from decimal import Decimal
+from operator import itemgetter
 
 from exporter.collect.account import Account, Listing
 from exporter.collect.ranking import Key, Ranking
@@ -32,7 +33,7 @@ from exporter.collect.topn import (
     as_number,
     converted,
     key_labels,
-    shape_of,
+    shape_for,
     shown_row,
     value_cell,
 )
@@ -84,25 +85,26 @@ def read_probe(
             f"collector {collector.key}: column {missing[0]} is missing from its top probe, "
             f"which returned {', '.join(names) or 'no columns'}; it needs {', '.join(wanted)}"
         )
-    keys, ranks = _array(collector, row[KEYS], KEYS), _array(collector, row[top.by], top.by)
-    if len(keys) != len(ranks):
-        raise CollectorError(
-            f"collector {collector.key}: its top probe lists {len(keys)} keys but "
-            f"{len(ranks)} values of {top.by}; the two arrays must match"
+    keys, ranks = row[KEYS], row[top.by]
+    if keys is None:
+        return None  # no key at all (array_agg over nothing)
+    group = tuple(row[name] for name in top.keep)
+    ranking, listing = _ranking(runtime, top)
+    try:
+        changed = listing.update(
+            _array(collector, keys, KEYS), _array(collector, ranks, top.by), group
         )
-    if len(keys) > cap:
+    except ValueError as exc:
+        raise CollectorError(
+            f"collector {collector.key}: its top probe's arrays {KEYS} and {top.by}: {exc}"
+        ) from None
+    if len(listing.keys) > cap:
         raise TooManySeriesError(
             f"collector {collector.key}: its top probe lists more than {cap} keys to rank; "
             "nothing is published. Narrow the probe or raise the collector's max_series"
         )
-    if not keys:
+    if not listing.keys:
         return None
-    first = next((value for value in ranks if value is not None), 0)
-    if type(first) not in (int, float):  # numeric (Decimal), text: as floats
-        ranks = [_as_float(value) for value in ranks]
-    group = tuple(row[name] for name in top.keep)
-    ranking, listing = _ranking(runtime, top)
-    changed = listing.update(keys, ranks, group)
     if listing.repeated:
         raise RepeatedLabelsError(
             f"collector {collector.key}: its top probe lists a key twice; each key must appear once"
@@ -146,7 +148,7 @@ async def accounted(
             f"collector {collector.key}: column {top.id} (top.id: the key of each row) is "
             f"missing from the result; the query returned {', '.join(names)}"
         )
-    shape = shape_of(collector, names, types)
+    shape = shape_for(runtime, names, types)
     account = _account(runtime, shape)
     named, rest = _rows(collector, shape, names, rows, probed=probed, account=account)
     if named:
@@ -174,11 +176,12 @@ def _account(runtime: CollectorRuntime, shape: Shape) -> Account:
     return held
 
 
-def _array(collector: Collector, value: object, name: str) -> list[object]:
-    """A probe column that must hold an array (NULL: an empty one)."""
+def _array(collector: Collector, value: object, name: str) -> str | list[object]:
+    """A probe column that must hold an array: its text as PostgreSQL writes it (read
+    when it changed), or a list (NULL: an empty one)."""
     if value is None:
         return []
-    if not isinstance(value, list):
+    if not isinstance(value, str | list):
         raise CollectorError(
             f"collector {collector.key}: its top probe's column {name} must be an array, "
             f"got {type(value).__name__} {excerpt(value)}"
@@ -278,6 +281,15 @@ def _remainder(
         if n not in shape.summed or math.isnan(total):
             cells[n] = ABSENT
             continue
-        own = [as_number(value_cell(shape, row, n)) for row in named]
-        cells[n] = total - math.fsum(v for v in own if v is not None)
+        cells[n] = total - _sum(shape, named, n)
     return tuple(cells)
+
+
+def _sum(shape: Shape, rows: list[tuple[object, ...]], n: int) -> float:
+    """The sum of column ``n`` over ``rows``, NULLs and what is not a number left out: at
+    C level when the cells are numbers already (a count's integers)."""
+    cells = list(map(itemgetter(n), rows))
+    if n not in shape.numbers and frozenset(map(type, cells)) <= {int, float}:
+        return math.fsum(cells)
+    found = (as_number(value_cell(shape, row, n)) for row in rows)
+    return math.fsum(v for v in found if v is not None)

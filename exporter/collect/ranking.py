@@ -135,6 +135,9 @@ class Ranking:
     swept: float | None = None
     by_value: list[Key] | None = None  # every key by its ranking counter's value, largest first
     first_by_value: bool = False  # a first run with too many keys names the largest ones
+    present_groups: tuple[dict[Key, Group], set[Group]] | None = None  # the last run's
+    swept_present: dict[Key, Group] | None = None  # what the last full sweep was passed
+    swept_present_at: float = 0.0  # the last run it was passed in
 
     @property
     def forget(self) -> float:
@@ -196,6 +199,8 @@ class Ranking:
         else:
             self._name(now, present)
         remainder = self._account(now, moved, before, present)
+        if present is self.swept_present:
+            self.swept_present_at = now
         if self.swept is None or now - self.swept >= WINDOW or len(self.keys) > self.max_keys:
             self._sweep(now, present)
         named = {key: list(self.keys[key].shown or ()) for key in self.named}
@@ -283,9 +288,9 @@ class Ranking:
 
     def _idle(self, wanted: int, present: dict[Key, Group], rates: dict[Key, float]) -> list[Key]:
         """The ``wanted`` present keys without a rate, by value: from an order of every
-        key by value, kept until a key is added, its ranking counter resets or a sweep
-        (a key's value otherwise moves only with its rate, and a key with a rate is
-        skipped here)."""
+        key by value, kept until a key is added, its ranking counter resets, or a sweep
+        drops a key or sees a rate fade (a key's value otherwise moves only with its
+        rate, and a key with a rate is skipped here)."""
         if self.by_value is None:
             keys = self.keys
             self.by_value = [key for _, key in sorted((-keys[key].value, key) for key in keys)]
@@ -359,10 +364,18 @@ class Ranking:
             for n, increase in enumerate(increases):
                 if increase and not own[n]:
                     totals[n] += increase
-        groups = set(present.values())
-        if len(named & present.keys()) < len(present) and not groups <= self.used:
+        groups = self._groups(present)
+        if not groups <= self.used and sum(key in present for key in named) < len(present):
             self.used.update(group for key, group in present.items() if key not in named)
         return {group: list(self._totals(group, now)) for group in groups & self.used}
+
+    def _groups(self, present: dict[Key, Group]) -> set[Group]:
+        """The groups of the present keys: found again only for another mapping than the
+        last run's (a probe passes the same one while its keys stay the same)."""
+        held = self.present_groups
+        if held is None or held[0] is not present:
+            held = self.present_groups = (present, set(present.values()))
+        return held[1]
 
     def _totals(self, group: Group, now: float) -> list[float]:
         """A group's remainder counters, marked as seen now."""
@@ -372,24 +385,42 @@ class Ranking:
 
     def _sweep(self, now: float, present: dict[Key, Group]) -> None:
         """Drop keys and groups absent too long, and the oldest absent keys beyond
-        ``max_keys``; keys whose rate has faded leave ``active``."""
-        self.swept, self.by_value = now, None
+        ``max_keys``; keys whose rate has faded leave ``active``.
+
+        A caller that passes the same mapping run after run while its keys stay the same
+        (a probe, :mod:`probed`) costs no walk over the keys: when every key is in the
+        mapping of the last full sweep and it is passed again, none is absent. Its keys
+        were present at every run it was passed in, which a full sweep then notes."""
         keys = self.keys
-        for key in present:
-            keys[key].seen = now
-        for group in set(present.values()):
-            self._totals(group, now)
+        self.swept = now
         horizon = now - self.forget
-        gone = [key for key, state in keys.items() if state.seen < horizon]
-        if len(keys) - len(gone) > self.max_keys:
-            absent = sorted((s.seen, k) for k, s in keys.items() if k not in present)
-            gone = [key for _, key in absent[: len(keys) - self.max_keys]]
-        for key in gone:
-            del keys[key]
-            self.named.discard(key)
-            self.active.discard(key)
+        if present is not self.swept_present or len(keys) != len(present):
+            if (old := self.swept_present) is not None:
+                at = self.swept_present_at
+                for key in old:
+                    state = keys.get(key)
+                    if state is not None and state.seen < at:
+                        state.seen = at
+            self.swept_present, self.swept_present_at = present, now
+            for key in present:
+                keys[key].seen = now
+            gone = [key for key, state in keys.items() if state.seen < horizon]
+            if len(keys) - len(gone) > self.max_keys:
+                absent = sorted((s.seen, k) for k, s in keys.items() if k not in present)
+                gone = [key for _, key in absent[: len(keys) - self.max_keys]]
+            if gone:
+                self.by_value = None
+            for key in gone:
+                del keys[key]
+                self.named.discard(key)
+                self.active.discard(key)
+        for group in self._groups(present):
+            self._totals(group, now)
         faded = now - FADED * WINDOW
-        self.active = {key for key in self.active if (keys[key].at or 0.0) >= faded}
+        active = {key for key in self.active if (keys[key].at or 0.0) >= faded}
+        if len(active) < len(self.active):  # their values moved since the order was made
+            self.by_value = None
+        self.active = active
         for group in [g for g, (_, seen) in self.remainder.items() if seen < horizon]:
             del self.remainder[group]
             self.used.discard(group)

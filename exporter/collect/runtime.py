@@ -15,6 +15,7 @@ import enum
 import logging
 import random as _random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from exporter.collect.account import Account, Listing
 from exporter.collect.backoff import (
@@ -30,6 +31,9 @@ from exporter.collect.ranking import Ranking
 from exporter.config.definitions import Collector, Predicate
 from exporter.config.settings import DEFAULT_BACKOFF_CEILING
 from exporter.pg.loginrate import Random
+
+if TYPE_CHECKING:  # topn reads runtimes: a type here only
+    from exporter.collect.topn import Shape
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,7 @@ class CollectorRuntime:
     ranking: Ranking | None = None  # a ``top`` collector's keys across runs (issue 38)
     account: Account | None = None  # and a probed one's counters (issue 38)
     listing: Listing | None = None  # and the keys its probe listed last
+    shape: tuple[tuple[tuple[str, ...], tuple[int, ...]], Shape] | None = None  # and its rows'
 
     @property
     def ran(self) -> bool:

@@ -236,7 +236,8 @@ class Session:
         assert top is not None
         assert top.probe is not None
         cap = collector.max_series or self.max_series
-        await cur.execute(top.probe, prepare=False, binary=True)  # arrays: binary is cheaper
+        # As text: the arrays come as PostgreSQL writes them, read only when they changed.
+        await cur.execute(top.probe, prepare=False)
         names = [d.name for d in cur.description or ()]
         rows = await cur.fetchmany(2)
         listed = probed.read_probe(runtime, names, rows, self.clock(), cap)

@@ -92,6 +92,16 @@ def shape_of(collector: Collector, names: Sequence[str], types: Sequence[int]) -
     )  # fmt: skip
 
 
+def shape_for(runtime: CollectorRuntime, names: Sequence[str], types: Sequence[int]) -> Shape:
+    """:func:`shape_of` the runtime's collector, kept while its result's columns are the
+    same (run after run, as a rule)."""
+    columns = (tuple(names), tuple(types))
+    held = runtime.shape
+    if held is None or held[0] != columns:
+        held = runtime.shape = (columns, shape_of(runtime.collector, names, types))
+    return held[1]
+
+
 def ranking_of(runtime: CollectorRuntime, shape: Shape) -> Ranking:
     """The runtime's ranking, made anew when the result's counters moved (a column
     that went missing or came back)."""
@@ -252,7 +262,7 @@ async def ranked(
                 )
     if not rows:
         return
-    shape = shape_of(collector, *columns)
+    shape = shape_for(runtime, *columns)
     ranking = ranking_of(runtime, shape)
     named, rest = rank_rows(ranking, shape, rows, now(), collector)
     if named:

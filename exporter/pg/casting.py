@@ -322,3 +322,48 @@ def _other_label(value: object) -> str:
 
 
 _ANY = Cast(Kind.ANY, to_number, True, label_text)
+
+
+def array_elements(text: str) -> list[str | None]:
+    """The elements of a one-dimensional array as PostgreSQL writes it (``{1,2,NULL}``,
+    ``{"a b","c\\"d"}``): each as its text, None for NULL. Raises ValueError for what is
+    not one (a nested array among them)."""
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        raise ValueError(f"not an array: {text[:40]!r}")
+    body = text[1:-1]
+    if not body:
+        return []
+    if "{" in body:
+        raise ValueError("a nested array: one dimension is expected")
+    if '"' not in body:  # numbers, plain names: at C level
+        parts: list[str | None] = list(body.split(","))
+        return [None if part == "NULL" else part for part in parts] if "NULL" in parts else parts
+    return _quoted_elements(body)
+
+
+def _quoted_elements(body: str) -> list[str | None]:
+    """The elements of an array's text that quotes some of them (``"a,b"``, ``\\"``)."""
+    found: list[str | None] = []
+    n, end = 0, len(body)
+    while n <= end:
+        if n < end and body[n] == '"':
+            chars, n = [], n + 1
+            while n < end and body[n] != '"':
+                if body[n] == "\\":
+                    n += 1
+                chars.append(body[n])
+                n += 1
+            if n >= end:
+                raise ValueError("an unterminated quoted element")
+            found.append("".join(chars))
+            n += 1  # the closing quote
+        else:
+            comma = body.find(",", n)
+            comma = end if comma < 0 else comma
+            part = body[n:comma]
+            found.append(None if part == "NULL" else part)
+            n = comma
+        if n < end and body[n] != ",":
+            raise ValueError(f"unexpected {body[n]!r} after an element")
+        n += 1
+    return found
