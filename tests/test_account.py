@@ -99,15 +99,18 @@ def test_a_listing_like_the_last_finds_the_moved_keys_by_comparing_arrays() -> N
     """The same keys: only those whose value moved; new keys or a new order: every key
     that is new or moved; a key listed twice is told."""
     listing = Listing()
-    assert listing.update([1, 2, 3], [10, 20, 30], ("db",)) == [
+    assert listing.update([1, 2, 3], [10, 20, 30], ()) == [
         ((1,), (10,)), ((2,), (20,)), ((3,), (30,)),
     ]  # fmt: skip
-    assert listing.update([1, 2, 3], [10, 25, 30], ("db",)) == [((2,), (25,))]
-    assert listing.update([3, 1, 4], [30, 11, 0], ("db",)) == [((1,), (11,)), ((4,), (0,))]
-    assert listing.present == {(3,): ("db",), (1,): ("db",), (4,): ("db",)}
+    assert listing.update([1, 2, 3], [10, 25, 30], ()) == [((2,), (25,))]
+    assert listing.update([3, 1, 4], [30, 11, 0], ()) == [((1,), (11,)), ((4,), (0,))]
+    assert listing.present == {(3,): (), (1,): (), (4,): ()}
     assert not listing.repeated
-    listing.update([5, 5], [1, 1], ("db",))
+    listing.update([5, 5], [1, 1], ())
     assert listing.repeated
+    grouped = Listing()  # a key is its text and its group's labels
+    assert grouped.update([7], [1], ("db",)) == [((7, "db"), (1,))]
+    assert grouped.present == {(7, "db"): ("db",)}
 
 
 def test_a_row_that_did_not_move_is_passed_as_unchanged() -> None:
@@ -126,10 +129,10 @@ def test_a_listing_in_text_is_read_only_when_it_changed() -> None:
     cost two comparisons; a moved value is read as a number; keys stay their text."""
     listing = Listing()
     assert listing.update("{16384,16390}", "{7,0}", ("db",)) == [
-        (("16384",), (7,)), (("16390",), (0,)),
+        (("16384", "db"), (7,)), (("16390", "db"), (0,)),
     ]  # fmt: skip
     assert listing.update("{16384,16390}", "{7,0}", ("db",)) == []
-    assert listing.update("{16384,16390}", "{7,2.5}", ("db",)) == [(("16390",), (2.5,))]
-    assert listing.update("{16390,16400}", "{2.5,NULL}", ("db",)) == [(("16400",), (None,))]
+    assert listing.update("{16384,16390}", "{7,2.5}", ("db",)) == [(("16390", "db"), (2.5,))]
+    assert listing.update("{16390,16400}", "{2.5,NULL}", ("db",)) == [(("16400", "db"), (None,))]
     with pytest.raises(ValueError, match="2 keys but 1 values"):
         listing.update("{1,2}", "{1}", ("db",))

@@ -139,6 +139,8 @@ def test_a_probe_without_id_or_with_max_is_refused_where_it_is_written() -> None
          "a probe gives totals only"),
         ({"probe": PROBE + "; COMMIT", "id": "query"}, "c.yml:pg_q.top.probe", ""),
         ({}, "c.yml:pg_q.top.by", "not a COUNTER column of this branch"),
+        ({"by": "calls", "probe": PROBE, "id": "query"}, "c.yml:pg_q.top.by",
+         "name the probe's array of ranking counters otherwise"),
     ]  # fmt: skip
     for fields, location, words in cases:
         _, notes = _branch({"by": "reads", "limit": 2} | fields)

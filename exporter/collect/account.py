@@ -26,6 +26,7 @@ moved by comparing two arrays at C level, not one key after another.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -65,7 +66,9 @@ class Listing:
             moved = compress(range(len(values)), map(ne, values, self.values))
             changed = [(keys[n], (as_number(values[n]),)) for n in moved]
         else:
-            keys = list(zip(_elements(raw_keys)))  # as listed: no text of each made
+            # As listed (no text of each made), with the group's labels after.
+            listed = _elements(raw_keys)
+            keys = [(key, *group) for key in listed] if group else list(zip(listed))
             _check_lengths(keys, values)
             last = dict(zip(self.keys, self.values, strict=True))
             changed = [
@@ -117,6 +120,34 @@ def _read_number(text: str) -> float | int | None:
         return float(text)
     except ValueError:
         return None
+
+
+@dataclass(slots=True)
+class Probing:
+    """A probed collector's state on one database: per group (the labels a probe row
+    keeps) what it listed last and its account; every group's keys in one mapping."""
+
+    listings: dict[Group, Listing] = field(default_factory=dict)
+    accounts: dict[Group, Account] = field(default_factory=dict)
+    merged: tuple[list[dict[Key, Group]], dict[Key, Group]] | None = None
+
+    def present(self) -> dict[Key, Group]:
+        """Every listed key with its group: one group's own mapping as it is (the same
+        object while its keys stay the same), several merged anew only when one changed."""
+        mappings = [listing.present for listing in self.listings.values()]
+        if len(mappings) == 1:
+            return mappings[0]
+        held = self.merged
+        if (
+            held is None
+            or len(held[0]) != len(mappings)
+            or not all(map(operator.is_, held[0], mappings))
+        ):
+            merged: dict[Key, Group] = {}
+            for mapping in mappings:
+                merged.update(mapping)
+            held = self.merged = (mappings, merged)
+        return held[1]
 
 
 @dataclass(slots=True)

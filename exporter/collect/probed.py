@@ -4,12 +4,14 @@ alone read in full, the rest accounted from totals (issue 38).
 Reading every column of every key to rank a few hundred of them costs more than the
 keys are worth where there are tens of thousands (a database's tables: each row is
 dozens of statistics, and a first look at each relation's is most of a pass). So the
-probe, a query of one row, lists every key (``keys``, an array) with its ranking
-counter (the column ``top.by``, an array in the same order), the labels the remainder
-keeps, and the total over every key of each counter the remainder carries (a column
-named as the counter). :class:`~exporter.collect.ranking.Ranking` names the keys from
-the probe alone; the collector's query then reads the named keys, passed as its one
-parameter ``$1`` (a text array), each row telling its key in the column ``top.id``.
+probe lists, in one row per group of the labels the remainder keeps (``top.keep``:
+one row in all when it keeps none), every key of the group (``keys``, an array) with
+its ranking counter (the column ``top.by``, an array in the same order), and the total
+over the group's keys of each counter the remainder carries (a column named as the
+counter). :class:`~exporter.collect.ranking.Ranking` names the keys from the probe
+alone; the collector's query then reads the named keys, passed as its one parameter
+``$1`` (a text array), each row telling its key in the column ``top.id`` and its group
+in the kept labels. A key is its text and its group's labels.
 
 What each named key's series shows and what the remainder holds is
 :class:`~exporter.collect.account.Account`'s arithmetic. A GAUGE in ``top.sum`` is the
@@ -25,8 +27,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from operator import itemgetter
 
-from exporter.collect.account import Account, Listing
-from exporter.collect.ranking import Key, Ranking
+from exporter.collect.account import Account, Listing, Probing
+from exporter.collect.ranking import Group, Key, Ranking
 from exporter.collect.runtime import CollectorRuntime
 from exporter.collect.topn import (
     Shape,
@@ -53,13 +55,18 @@ KEYS = "keys"
 
 
 @dataclass(frozen=True, slots=True)
-class Probed:
-    """One run's probe: the kept labels, the totals by column name, every key listed, and
-    the keys named (those the query is to read)."""
+class Listed:
+    """One group of a run's probe: its totals by column name, and every key it listed."""
 
-    group: dict[str, object]
     totals: dict[str, float | None]
     keys: Collection[Key]
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """One run's probe: each group by its kept labels' texts, and the keys named."""
+
+    groups: dict[Group, Listed]
     named: tuple[Key, ...]
 
 
@@ -67,58 +74,68 @@ def read_probe(
     runtime: CollectorRuntime, names: Sequence[str], rows: list[tuple[object, ...]],
     now: float, cap: int,
 ) -> Probed | None:  # fmt: skip
-    """The probe's one row ranked: which keys to read. None when it lists no key."""
+    """The probe's rows (one per group) ranked: which keys to read. None when it lists no
+    key."""
     collector = runtime.collector
     top = collector.top
     assert top is not None
-    if not rows:
-        return None
-    if len(rows) > 1:
-        raise CollectorError(
-            f"collector {collector.key}: its top probe returned more than one row; it must "
-            "return one, listing every key in an array"
-        )
-    row = dict(zip(names, rows[0], strict=True))
     wanted = [KEYS, top.by, *top.keep]
-    if missing := [name for name in wanted if name not in row]:
+    if missing := [name for name in wanted if name not in names]:
         raise MissingColumnError(
             f"collector {collector.key}: column {missing[0]} is missing from its top probe, "
             f"which returned {', '.join(names) or 'no columns'}; it needs {', '.join(wanted)}"
         )
-    keys, ranks = row[KEYS], row[top.by]
-    if keys is None:
-        return None  # no key at all (array_agg over nothing)
-    group = tuple(row[name] for name in top.keep)
-    ranking, listing = _ranking(runtime, top)
-    try:
-        changed = listing.update(
-            _array(collector, keys, KEYS), _array(collector, ranks, top.by), group
-        )
-    except ValueError as exc:
-        raise CollectorError(
-            f"collector {collector.key}: its top probe's arrays {KEYS} and {top.by}: {exc}"
-        ) from None
-    if len(listing.keys) > cap:
+    ranking, probing = _ranking(runtime, top)
+    groups: dict[Group, Listed] = {}
+    changed: list[tuple[Key, tuple[float | int | None]]] = []
+    for cells in rows:
+        row = dict(zip(names, cells, strict=True))
+        group = tuple("" if row[name] is None else str(row[name]) for name in top.keep)
+        if group in groups:
+            raise CollectorError(
+                f"collector {collector.key}: its top probe returned two rows for "
+                f"{excerpt(dict(zip(top.keep, group, strict=True)))}; it must return one row "
+                "per group of the labels in top.keep"
+            )
+        if row[KEYS] is None:
+            continue  # no key in this group (array_agg over nothing)
+        listing = probing.listings.get(group) or probing.listings.setdefault(group, Listing())
+        try:
+            changed += listing.update(
+                _array(collector, row[KEYS], KEYS), _array(collector, row[top.by], top.by), group
+            )
+        except ValueError as exc:
+            raise CollectorError(
+                f"collector {collector.key}: its top probe's arrays {KEYS} and {top.by}: {exc}"
+            ) from None
+        if listing.repeated:
+            raise RepeatedLabelsError(
+                f"collector {collector.key}: its top probe lists a key twice; each key must "
+                "appear once in its group"
+            )
+        totals = {name: _as_float(row[name]) for name in names if name not in wanted}
+        groups[group] = Listed(totals, listing.present)
+    for gone in [group for group in probing.listings if group not in groups]:
+        del probing.listings[gone]  # its keys leave the ranking with them
+        probing.accounts.pop(gone, None)
+    if not groups:
+        return None
+    present = probing.present()
+    if len(present) > cap:
         raise TooManySeriesError(
             f"collector {collector.key}: its top probe lists more than {cap} keys to rank; "
             "nothing is published. Narrow the probe or raise the collector's max_series"
         )
-    if not listing.keys:
-        return None
-    if listing.repeated:
-        raise RepeatedLabelsError(
-            f"collector {collector.key}: its top probe lists a key twice; each key must appear once"
-        )
-    decision = ranking.run_moved(now, listing.present, changed)
-    totals = {name: _as_float(row[name]) for name in names if name not in wanted}
-    named = tuple(sorted(decision.named))
-    return Probed(dict(zip(top.keep, group, strict=True)), totals, listing.present, named)
+    decision = ranking.run_moved(now, present, changed)
+    return Probed(groups, tuple(sorted(decision.named)))
 
 
 def keys_literal(keys: Sequence[Key]) -> str:
-    """The named keys as the text of an array, the query's ``$1`` (cast as it needs)."""
-    quoted = (str(key[0]).replace("\\", "\\\\").replace('"', '\\"') for key in keys)
-    return "{" + ",".join(f'"{key}"' for key in quoted) + "}"
+    """The named keys as the text of an array, the query's ``$1`` (cast as it needs):
+    each once, whatever the groups it was named in."""
+    texts = dict.fromkeys(str(key[0]) for key in keys)
+    quoted = (text.replace("\\", "\\\\").replace('"', '\\"') for text in texts)
+    return "{" + ",".join(f'"{text}"' for text in quoted) + "}"
 
 
 async def accounted(
@@ -138,9 +155,9 @@ async def accounted(
                     f"collector {collector.key}: more than {cap} rows for the keys its probe "
                     "named; nothing is published. Raise the collector's max_series"
                 )
-    if not rows:  # nothing named, or every named key went between probe and query
-        return
     names, types = columns
+    if not names:  # no row and no columns told: nothing to publish
+        return
     top = collector.top
     assert top is not None
     if top.id not in names:
@@ -149,30 +166,29 @@ async def accounted(
             f"missing from the result; the query returned {', '.join(names)}"
         )
     shape = shape_for(runtime, names, types)
-    account = _account(runtime, shape)
-    named, rest = _rows(collector, shape, names, rows, probed=probed, account=account)
+    named, rest = _rows(collector, shape, names, rows, probed=probed, runtime=runtime)
     if named:
         yield names, shape.types, named
     if rest:
         yield names, shape.types, rest
 
 
-def _ranking(runtime: CollectorRuntime, top: Top) -> tuple[Ranking, Listing]:
-    """The runtime's ranking of the probe's keys (one counter, keys of one text), and
-    what the probe listed last; both made anew together."""
-    held, listing = runtime.ranking, runtime.listing
-    if held is None or held.signature != ("probe",) or listing is None:
-        held = runtime.ranking = Ranking(top, 1, 0, 1, ("probe",), first_by_value=True)
-        listing = runtime.listing = Listing()
-    return held, listing
+def _ranking(runtime: CollectorRuntime, top: Top) -> tuple[Ranking, Probing]:
+    """The runtime's ranking of the probe's keys (one counter), and what the probe listed
+    last and each group's account; made anew together."""
+    held, probing = runtime.ranking, runtime.probing
+    if held is None or held.signature != ("probe",) or probing is None:
+        held = runtime.ranking = Ranking(top, 1, 0, 1, ("probe",))
+        probing = runtime.probing = Probing()
+    return held, probing
 
 
-def _account(runtime: CollectorRuntime, shape: Shape) -> Account:
-    """The runtime's account, made anew when the result's counters moved."""
+def _account(probing: Probing, group: Group, shape: Shape) -> Account:
+    """A group's account, made anew when the result's counters moved."""
     signature = (shape.counters, shape.key, shape.kept)
-    held = runtime.account
+    held = probing.accounts.get(group)
     if held is None or held.signature != signature:
-        held = runtime.account = Account(signature, len(shape.counters))
+        held = probing.accounts[group] = Account(signature, len(shape.counters))
     return held
 
 
@@ -205,25 +221,49 @@ def _as_float(value: object) -> float | None:
 
 def _rows(
     collector: Collector, shape: Shape, names: Sequence[str], rows: list[tuple[object, ...]],
-    *, probed: Probed, account: Account,
+    *, probed: Probed, runtime: CollectorRuntime,
 ) -> tuple[list[tuple[object, ...]], SparseRows]:  # fmt: skip
-    """The named keys' rows with the counters their series show, and the remainder's."""
+    """The named keys' rows with the counters their series show, and each group's
+    remainder."""
     top = collector.top
+    probing = runtime.probing
     assert top is not None
     assert top.id is not None
-    at = names.index(top.id)
-    named = {str(key[0]): key for key in probed.named}  # the query's id read as text
-    by_key: dict[Key, tuple[object, ...]] = {}
+    assert probing is not None
+    at, kept_at = names.index(top.id), shape.kept
+    named = set(probed.named)
+    by_group: dict[Group, dict[Key, tuple[object, ...]]] = {group: {} for group in probed.groups}
     for row in rows:
-        if (cell := row[at]) is None or (key := named.get(str(cell))) is None:
-            continue  # a row of a key the probe did not name: the query ignored $1
-        if key in by_key:
+        texts = tuple("" if row[n] is None else str(row[n]) for n in kept_at)
+        if (cell := row[at]) is None or (key := (str(cell), *texts)) not in named:
+            continue  # a key the probe did not name (the query ignored $1, or another group)
+        found = by_group[texts]
+        if key in found:
             raise RepeatedLabelsError(
                 f"collector {collector.key}: more than one row has {excerpt(key[0])} in its "
                 f"column {top.id} (top.id); nothing from this run is published. Return one "
                 "row per key"
             )
-        by_key[key] = row
+        found[key] = row
+    out: list[tuple[object, ...]] = []
+    rest = SparseRows()
+    for group, by_key in by_group.items():
+        listed = probed.groups[group]
+        account = _account(probing, group, shape)
+        out += _group_rows(shape, names, by_key, listed, account)
+        if account.published:
+            rest.append(_remainder(
+                collector, shape, names, group, listed, counters=account.remainder,
+                named=list(by_key.values()),
+            ))  # fmt: skip
+    return out, rest
+
+
+def _group_rows(
+    shape: Shape, names: Sequence[str], by_key: dict[Key, tuple[object, ...]], listed: Listed,
+    account: Account,
+) -> list[tuple[object, ...]]:  # fmt: skip
+    """One group's named rows with the counters their series show (its account run)."""
     # A row that reads as it did in the last run, of a key named then: its counters did
     # not move, and what was published of it stands (most rows, between two runs).
     rendered = account.rendered
@@ -234,8 +274,8 @@ def _rows(
             values[key] = None
         else:
             values[key] = [math.nan if v is None else float(v) for v in shape.convert(row)]
-    counters = [names[n] for n in shape.counters]
-    shown = account.run(values, probed.keys, [_total(probed, name) for name in counters])
+    totals = [_total(listed, names[n]) for n in shape.counters]
+    shown = account.run(values, listed.keys, totals)
     fresh = [key for key, moved in values.items() if moved is not None]
     labels = key_labels(shape, [by_key[key] for key in fresh])
     made = {
@@ -244,40 +284,33 @@ def _rows(
     }
     out = [made[key] if key in made else rendered[key][1] for key in by_key]
     account.rendered = {key: (by_key[key], row) for key, row in zip(by_key, out, strict=True)}
-    kept = list(by_key.values())
-    rest = SparseRows()
-    if account.published:
-        rest.append(
-            _remainder(collector, shape, names, probed, counters=account.remainder, named=kept)
-        )
-    return out, rest
+    return out
 
 
-def _total(probed: Probed, name: str) -> float:
-    """The probe's total of a column; NaN where it gives none."""
-    value = probed.totals.get(name)
+def _total(listed: Listed, name: str) -> float:
+    """A group's total of a column; NaN where the probe gives none."""
+    value = listed.totals.get(name)
     return math.nan if value is None else value
 
 
 def _remainder(
-    collector: Collector, shape: Shape, names: Sequence[str], probed: Probed,
+    collector: Collector, shape: Shape, names: Sequence[str], group: Group, listed: Listed,
     *, counters: list[float], named: list[tuple[object, ...]],
 ) -> tuple[object, ...]:  # fmt: skip
-    """The remainder row: ``other`` for each ranked label, the kept labels from the
-    probe, the remainder's counters (none where the probe gives no total), a GAUGE in
-    ``top.sum`` as the probe's total less the named keys' (none without a total)."""
+    """A group's remainder row: ``other`` for each ranked label, the kept labels, the
+    remainder's counters (none where the probe gives no total), a GAUGE in ``top.sum``
+    as the group's total less its named keys' (none without a total)."""
     top = collector.top
     assert top is not None
     cells: list[object] = [None] * shape.width
     for n in shape.key:
         cells[n] = top.other
-    for n in shape.kept:
-        value = probed.group.get(names[n])
-        cells[n] = None if value is None else str(value)
+    for n, text in zip(shape.kept, group, strict=True):
+        cells[n] = text
     for n, value in zip(shape.counters, counters, strict=True):
-        cells[n] = ABSENT if math.isnan(_total(probed, names[n])) else value
+        cells[n] = ABSENT if math.isnan(_total(listed, names[n])) else value
     for n in shape.gauges:
-        total = _total(probed, names[n])
+        total = _total(listed, names[n])
         if n not in shape.summed or math.isnan(total):
             cells[n] = ABSENT
             continue

@@ -21,9 +21,8 @@ slot, or the slot of the slowest named key that ranked beyond ``band`` for ``hol
 seconds; a heavy hitter without such a slot takes the slowest other key's. At most
 ``limit`` keys are named at once. The first run has no rates: it names every key when
 there are at most ``limit`` (nothing to rank: the output is the collector's own, as
-without ``top``), else none (with ``first_by_value``, as a probed collector has it: the
-``limit`` keys whose ranking counter reads the most). A group's remainder is published
-from the first run in which one of its keys is not named.
+without ``top``), else none. A group's remainder is published from the first run in
+which one of its keys is not named.
 
 Cost: a key whose counters read exactly as at its last sample (most keys of a large
 table of statistics, between two runs) costs a comparison of its cells; only the keys
@@ -134,7 +133,6 @@ class Ranking:
     weight: float = 1.0
     swept: float | None = None
     by_value: list[Key] | None = None  # every key by its ranking counter's value, largest first
-    first_by_value: bool = False  # a first run with too many keys names the largest ones
     present_groups: tuple[dict[Key, Group], set[Group]] | None = None  # the last run's
     swept_present: dict[Key, Group] | None = None  # what the last full sweep was passed
     swept_present_at: float = 0.0  # the last run it was passed in
@@ -193,9 +191,6 @@ class Ranking:
         if first:
             if len(present) <= self.top.limit:
                 self._name_all(present)
-            elif self.first_by_value:
-                largest = self._idle(self.top.limit, present, {})
-                self._name_all({key: present[key] for key in largest})
         else:
             self._name(now, present)
         remainder = self._account(now, moved, before, present)
@@ -245,8 +240,7 @@ class Ranking:
         return increases, resets
 
     def _name_all(self, present: dict[Key, Group]) -> None:
-        """The first run, with no more keys than ``limit``: all of them, free (or, where
-        ``first_by_value``, the ``limit`` largest of more)."""
+        """The first run, with no more keys than ``limit``: all of them, free."""
         for key in present:
             if not self._spelt_like_remainder(key):
                 self.named.add(key)

@@ -17,7 +17,7 @@ import random as _random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.collect.account import Account, Listing
+from exporter.collect.account import Probing
 from exporter.collect.backoff import (
     PERIOD_JITTER,
     Backoff,
@@ -108,8 +108,7 @@ class CollectorRuntime:
     shed: bool = False  # the breaker left it out of the last pass (D16)
     stretch: float = 0.0  # the ttl the server-time budget stretched it to; 0: none (issue 31)
     ranking: Ranking | None = None  # a ``top`` collector's keys across runs (issue 38)
-    account: Account | None = None  # and a probed one's counters (issue 38)
-    listing: Listing | None = None  # and the keys its probe listed last
+    probing: Probing | None = None  # and a probed one's listings and counters (issue 38)
     shape: tuple[tuple[tuple[str, ...], tuple[int, ...]], Shape] | None = None  # and its rows'
 
     @property

@@ -239,14 +239,16 @@ class Session:
         # As text: the arrays come as PostgreSQL writes them, read only when they changed.
         await cur.execute(top.probe, prepare=False)
         names = [d.name for d in cur.description or ()]
-        rows = await cur.fetchmany(2)
+        rows = await cur.fetchall()  # a row per group: as many as databases at most
         listed = probed.read_probe(runtime, names, rows, self.clock(), cap)
-        if listed is None or not listed.named:
+        if listed is None:
             return None
         raw = self._raw_cursor(conn)
-        batches = postgres.stream_batches(
-            raw, collector.query, (probed.keys_literal(listed.named),)
-        )
+        keys = (probed.keys_literal(listed.named),)
+        if listed.named:
+            batches = postgres.stream_batches(raw, collector.query, keys)
+        else:  # none named yet (a first run): its columns alone, for the remainders
+            batches = postgres.described(raw, collector.query, keys)
         return await self._build(collector, probed.accounted(runtime, listed, batches, cap))
 
     def _raw_cursor(self, conn: Conn) -> RawCursor:

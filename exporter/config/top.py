@@ -98,6 +98,13 @@ def _read_by(
         notes.error(where, f"required: the COUNTER column to rank by, got {kind_of(value)}")
         return None
     if probed:
+        if usages.get(value) is Usage.COUNTER:
+            notes.error(
+                where,
+                f"{excerpt(value)} is a COUNTER of this branch, whose total the probe "
+                "gives under that name: name the probe's array of ranking counters otherwise",
+            )
+            return None
         return value
     if usages.get(value) is not Usage.COUNTER:
         notes.error(where, f"{excerpt(value)} is not a COUNTER column of this branch")

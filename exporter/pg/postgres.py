@@ -25,7 +25,7 @@ from psycopg.pq import Format, TransactionStatus
 
 from exporter.config.definitions import Predicate
 from exporter.config.target import mask
-from exporter.errors import PredicateError
+from exporter.errors import CollectorError, PredicateError
 from exporter.pg import libpqfiles
 from exporter.pg.casting import decode_text
 from exporter.pg.guards import BEGIN_GUARDED
@@ -236,6 +236,21 @@ async def stream_batches(
                 batch = []
     if batch:
         yield names, types, batch
+
+
+async def described(
+    cur: psycopg.AsyncCursor[tuple[object, ...]], query: str, params: Sequence[object]
+) -> AsyncGenerator[Batch, None]:
+    """Run ``query``, which returns no row (it is passed no key), and yield its column
+    names and type oids with an empty batch: what a streamed empty result cannot tell."""
+    await cur.execute(query, params)
+    if cur.rowcount > 0:
+        raise CollectorError(
+            "its query returned rows when passed no key: it must read only the keys in $1"
+        )
+    description = cur.description or ()
+    if description:
+        yield [d.name for d in description], [d.type_code for d in description], []
 
 
 async def send_limits(cur: psycopg.AsyncCursor[tuple[object, ...]], sql: str) -> None:

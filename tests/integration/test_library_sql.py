@@ -59,17 +59,30 @@ def _rows(conn: psycopg.Connection[Any], key: str) -> list[dict[str, Any]]:
 def _probed_rows(
     conn: psycopg.Connection[Any], key: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A branch with a ``top`` probe: the probe's row, and the query's rows for every key
-    the probe lists (passed as ``$1``, as the exporter passes the keys it names)."""
+    """A branch with a ``top`` probe: the probe's row (its first group's), and the query's
+    rows for every key the probe lists in any group (passed as ``$1``, as the exporter
+    passes the keys it names); @extschema:NAME@ named as the planner names it."""
     collector = next(c for c in load_definitions(str(COLLECTORS)).collectors if c.key == key)
     assert collector.top is not None
     assert collector.top.probe is not None
+    probe, query = _named(conn, collector.top.probe), _named(conn, collector.query)
     with conn.cursor(row_factory=dict_row) as cur:
-        probe = cur.execute(collector.top.probe).fetchone()
-    assert probe is not None
-    keys = "{" + ",".join(str(k) for k in probe["keys"] or ()) + "}"
+        groups = cur.execute(probe).fetchall()
+    assert groups
+    keys = "{" + ",".join(str(k) for group in groups for k in group["keys"] or ()) + "}"
     with psycopg.RawCursor(conn, row_factory=dict_row) as raw:
-        return probe, raw.execute(collector.query, (keys,)).fetchall()
+        return groups[0], raw.execute(query, (keys,)).fetchall()
+
+
+def _named(conn: psycopg.Connection[Any], sql: str) -> str:
+    """``sql`` with each @extschema:NAME@ named as the planner names it."""
+    schemas = dict(
+        conn.execute(
+            "SELECT e.extname, quote_ident(n.nspname) FROM pg_extension e"
+            " JOIN pg_namespace n ON n.oid = e.extnamespace"
+        ).fetchall()
+    )
+    return re.sub(r"@extschema:(\w+)@", lambda m: str(schemas[m.group(1)]), sql)
 
 
 def _database(cluster: LocalCluster, name: str = DB) -> str:
@@ -133,7 +146,7 @@ def test_table_size_parts_add_up_to_the_servers_total(pg18: LocalCluster) -> Non
 
 
 def test_query_reads_every_statement_for_the_ranking(pg: LocalCluster) -> None:
-    """pg_query's SQL returns every statement, one run once included and without a LIMIT:
+    """pg_query's probe lists every statement, one run once included and without a LIMIT:
     its ``top`` mapping bounds the series and sums the rest, so nothing is left out (issue
     38). Both run as ``postgres``, the bootstrap superuser (userid 10), whose statements the
     Go config leaves out and we keep."""
@@ -153,7 +166,13 @@ def test_query_reads_every_statement_for_the_ranking(pg: LocalCluster) -> None:
             ).fetchone()[0])  # type: ignore[index]
             for name in ("once", "often")
         }  # fmt: skip
-        rows = _rows(conn, "pg_query")
+        collector = next(c for c in load_definitions(str(COLLECTORS)).collectors
+                         if c.key == "pg_query")  # fmt: skip
+        assert collector.top is not None
+        assert collector.top.probe is not None
+        with conn.cursor(row_factory=dict_row) as cur:
+            groups = cur.execute(_named(conn, collector.top.probe)).fetchall()
+        rows = [{"datname": g["datname"], "query": k} for g in groups for k in g["keys"]]
         entries = conn.execute(
             "SELECT count(DISTINCT (s.dbid, s.queryid)) FROM pg_stat_statements(false) AS s"
             " JOIN pg_database AS d ON d.oid = s.dbid WHERE s.queryid IS NOT NULL"
@@ -181,7 +200,8 @@ def test_query_io_time_counts_every_statement_that_moved_blocks(pg: LocalCluster
             conn.execute("SELECT count(*) FROM bulky WHERE v LIKE 'ab%'")
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        rows = {(r["datname"], r["query"]): float(r["io_time"]) for r in _rows(conn, "pg_query")}
+        found = _probed_rows(conn, "pg_query")[1]
+        rows = {(r["datname"], r["query"]): float(r["io_time"]) for r in found}
         reference = conn.execute(IO_TIME_OF_EVERY_ENTRY).fetchall()
     timed = {(db, q): t for db, q, t in reference if t > 0}
     assert any(key in rows for key in timed if key[0] == DB), "no statement of the test kept"
