@@ -64,7 +64,7 @@ class Listing:
             keys = self.keys
             _check_lengths(keys, values)
             moved = compress(range(len(values)), map(ne, values, self.values))
-            changed = [(keys[n], (as_number(values[n]),)) for n in moved]
+            changed = [(keys[n], (probe_number(values[n]),)) for n in moved]
         else:
             # As listed (no text of each made), with the group's labels after.
             listed = _elements(raw_keys)
@@ -72,7 +72,7 @@ class Listing:
             _check_lengths(keys, values)
             last = dict(zip(self.keys, self.values, strict=True))
             changed = [
-                (key, (as_number(value),)) for key, value in zip(keys, values, strict=True)
+                (key, (probe_number(value),)) for key, value in zip(keys, values, strict=True)
                 if key not in last or last[key] != value
             ]  # fmt: skip
             self.keys, self.group = keys, group
@@ -98,7 +98,7 @@ def _check_lengths(keys: list[Key], values: list[object]) -> None:
         raise ValueError(f"it lists {len(keys)} keys but {len(values)} values to rank them")
 
 
-def as_number(value: object) -> float | int | None:
+def probe_number(value: object) -> float | int | None:
     """A probe's cell as a number: an int or float as it is, a text or decimal read;
     None for NULL and what is not a number."""
     if isinstance(value, bool) or value is None:

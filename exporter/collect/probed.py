@@ -24,10 +24,9 @@ import math
 from collections.abc import AsyncGenerator, Collection, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from decimal import Decimal
 from operator import itemgetter
 
-from exporter.collect.account import Account, Listing, Probing
+from exporter.collect.account import Account, Listing, Probing, probe_number
 from exporter.collect.ranking import Group, Key, Ranking
 from exporter.collect.runtime import CollectorRuntime
 from exporter.collect.topn import (
@@ -58,7 +57,7 @@ KEYS = "keys"
 class Listed:
     """One group of a run's probe: its totals by column name, and every key it listed."""
 
-    totals: dict[str, float | None]
+    totals: dict[str, float | int | None]
     keys: Collection[Key]
 
 
@@ -113,7 +112,7 @@ def read_probe(
                 f"collector {collector.key}: its top probe lists a key twice; each key must "
                 "appear once in its group"
             )
-        totals = {name: _as_float(row[name]) for name in names if name not in wanted}
+        totals = {name: probe_number(row[name]) for name in names if name not in wanted}
         groups[group] = Listed(totals, listing.present)
     for gone in [group for group in probing.listings if group not in groups]:
         del probing.listings[gone]  # its keys leave the ranking with them
@@ -203,20 +202,6 @@ def _array(collector: Collector, value: object, name: str) -> str | list[object]
             f"got {type(value).__name__} {excerpt(value)}"
         )
     return value
-
-
-def _as_float(value: object) -> float | None:
-    """A probe cell as a number; None for NULL and what is not a number."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float | Decimal):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
 
 
 def _rows(
