@@ -134,7 +134,8 @@ def test_a_probe_without_id_or_with_max_is_refused_where_it_is_written() -> None
     leave the read-only transaction; ``by`` without a probe is still a COUNTER column."""
     cases: list[tuple[dict[str, object], str, str]] = [
         ({"probe": PROBE}, "c.yml:pg_q.top.id", "required with probe"),
-        ({"by": "calls", "id": "query"}, "c.yml:pg_q.top.probe", "expected the SQL of one row"),
+        ({"by": "calls", "id": "query"}, "c.yml:pg_q.top.probe",
+         "expected the SQL that lists, a row per group"),
         ({"probe": PROBE, "id": "query", "max": ["mean"]}, "c.yml:pg_q.top.max",
          "a probe gives totals only"),
         ({"probe": PROBE + "; COMMIT", "id": "query"}, "c.yml:pg_q.top.probe", ""),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -236,11 +236,20 @@ class Session:
         assert top is not None
         assert top.probe is not None
         cap = collector.max_series or self.max_series
-        # As text: the arrays come as PostgreSQL writes them, read only when they changed.
-        await cur.execute(top.probe, prepare=False)
-        names = [d.name for d in cur.description or ()]
-        rows = await cur.fetchall()  # a row per group: as many as databases at most
-        listed = probed.read_probe(runtime, names, rows, self.clock(), cap)
+        # One statement by the extended protocol, as any query of a collector (D2). As
+        # text: the arrays come as PostgreSQL writes them, read only when they changed.
+        names: Sequence[str] = ()
+        rows: list[tuple[object, ...]] = []
+        async with aclosing(postgres.stream_batches(cur, top.probe)) as batches:
+            async for columns, _, batch in batches:
+                names = columns
+                rows.extend(batch)  # a row per group: as many as databases at most
+                if len(rows) > cap:
+                    raise TooManySeriesError(
+                        f"collector {collector.key}: its top probe returned more than {cap} "
+                        "rows; nothing is published. It must return one row per group"
+                    )
+        listed = probed.read_probe(runtime, names, rows, self.clock(), cap) if rows else None
         if listed is None:
             return None
         raw = self._raw_cursor(conn)

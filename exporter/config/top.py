@@ -73,8 +73,8 @@ def _read_probe(
     if not isinstance(probe, str) or not probe.strip():
         notes.error(
             f"{where}.probe",
-            "expected the SQL of one row that lists every key and its "
-            f"ranking counter as arrays (id is set), got {kind_of(probe)}",
+            "expected the SQL that lists, a row per group of the keep labels, every "
+            f"key and its ranking counter as arrays (id is set), got {kind_of(probe)}",
         )
         return None, None
     if (problem := collector_sql_problem(probe)) is not None:

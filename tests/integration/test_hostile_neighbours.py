@@ -435,6 +435,48 @@ async def test_a_predicate_cannot_open_the_way_to_a_write(
     assert every_pg.psql(f"SELECT is_called FROM {table}_seq") == "f"
 
 
+async def test_a_top_probe_cannot_open_the_way_to_a_write(
+    every_pg: LocalCluster, tmp_path: Path
+) -> None:
+    """A ``top`` probe goes as one statement by the extended protocol, as the query and
+    the predicates do (D2): several statements set on the loaded definitions, which
+    loading would refuse, fail the run and write nothing (issue 38)."""
+    table = f"esc_{uuid.uuid4().hex[:8]}"
+    loaded = write_collectors(
+        tmp_path,
+        """
+        esc_probe:
+          query: SELECT k AS key, 1 AS calls FROM unnest($1::text[]) AS k
+          timeout: 5
+          top:
+            by: ranked
+            limit: 1
+            id: key
+            probe: SELECT ARRAY['a'] AS keys, ARRAY[1] AS ranked
+          metrics:
+            - key: {usage: LABEL, description: x}
+            - calls: {usage: COUNTER, description: x}
+        """,
+    )
+    (collector,) = loaded.collectors
+    assert collector.top is not None
+    hostile_sql = (
+        f"COMMIT; BEGIN READ WRITE; CREATE TABLE public.{table} (); COMMIT; "
+        "SELECT ARRAY['a'] AS keys, ARRAY[1] AS ranked"
+    )
+    hostile = replace(collector, top=replace(collector.top, probe=hostile_sql))
+    definitions = replace(loaded, collectors=(hostile,))
+    settings = replace(settings_for(every_pg), auto_discovery=False, disable_cache=True)
+    async with serving(settings, definitions) as served:
+        for _ in range(2):
+            response = await get(served.port)
+            assert response.status == 200
+            runtime = served.app[STATE].exporter.main.runtimes["esc_probe"]
+            assert runtime.outcome is Outcome.ERROR, runtime.entry
+            assert "multiple commands" in (runtime.entry.error if runtime.entry else "")
+    assert every_pg.psql(f"SELECT to_regclass('public.{table}') IS NULL") == "t"
+
+
 async def test_a_database_owner_cannot_change_the_text_of_our_labels_and_values(
     pg: LocalCluster, tenancy: Tenancy, start: Start
 ) -> None:
