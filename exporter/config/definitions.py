@@ -80,9 +80,10 @@ class Top:
     other: str = DEFAULT_OTHER  # the remainder's value for every other LABEL column
     sum: tuple[str, ...] = ()  # GAUGE columns whose remainder is the sum of the unnamed keys'
     max: tuple[str, ...] = ()  # GAUGE columns whose remainder is the largest of theirs
-    # A probe: SQL of one row that lists every key and its ranking counter as arrays, and
-    # the totals the remainder is the rest of; the query then reads the named keys alone,
-    # passed as its parameter $1, each row telling its key in column ``id``.
+    # A probe: SQL that lists, a row per group of the ``keep`` labels, every key and its
+    # ranking counter as arrays, and the totals the remainder is the rest of; the query
+    # then reads the named keys alone, passed as its parameter $1, each row telling its
+    # key in column ``id``.
     probe: str | None = None
     id: str | None = None
 
