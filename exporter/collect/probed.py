@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncGenerator, Collection, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -34,6 +33,7 @@ from exporter.collect.topn import (
     as_number,
     converted,
     key_labels,
+    read_whole,
     shape_for,
     shown_row,
     value_cell,
@@ -141,20 +141,12 @@ async def accounted(
     runtime: CollectorRuntime, probed: Probed, batches: AsyncGenerator[Batch, None], cap: int
 ) -> AsyncGenerator[Batch, None]:
     """The named keys' rows (read in full by the query) with the counters their series
-    show, then the remainder row, as one batch each."""
+    show, then each group's remainder, as one batch each."""
     collector = runtime.collector
-    rows: list[tuple[object, ...]] = []
-    columns: tuple[Sequence[str], Sequence[int]] = ((), ())
-    async with aclosing(batches) as stream:
-        async for names, types, batch in stream:
-            columns = (names, types)
-            rows.extend(batch)
-            if len(rows) > cap:
-                raise TooManySeriesError(
-                    f"collector {collector.key}: more than {cap} rows for the keys its probe "
-                    "named; nothing is published. Raise the collector's max_series"
-                )
-    names, types = columns
+    (names, types), rows = await read_whole(
+        batches, cap, f"collector {collector.key}: more than {cap} rows for the keys its "
+        "probe named; nothing is published. Raise the collector's max_series",
+    )  # fmt: skip
     if not names:  # no row and no columns told: nothing to publish
         return
     top = collector.top

@@ -243,12 +243,11 @@ def _check_unique(collector: Collector, identities: list[Key]) -> None:
     )
 
 
-async def ranked(
-    runtime: CollectorRuntime, batches: AsyncGenerator[Batch, None], now: Callable[[], float],
-    cap: int,
-) -> AsyncGenerator[Batch, None]:  # fmt: skip
-    """The run's batches read whole (at most ``cap`` rows), ranked, as one batch."""
-    collector = runtime.collector
+async def read_whole(
+    batches: AsyncGenerator[Batch, None], cap: int, too_many: str
+) -> tuple[tuple[Sequence[str], Sequence[int]], list[tuple[object, ...]]]:
+    """Every row of ``batches`` with the result's column names and type oids (empty when
+    none was told); more than ``cap`` rows stop the query and fail the run (``too_many``)."""
     rows: list[tuple[object, ...]] = []
     columns: tuple[Sequence[str], Sequence[int]] = ((), ())
     async with aclosing(batches) as stream:
@@ -256,10 +255,20 @@ async def ranked(
             columns = (names, types)
             rows.extend(batch)
             if len(rows) > cap:
-                raise TooManySeriesError(
-                    f"collector {collector.key}: more than {cap} rows to rank; nothing is "
-                    "published. Narrow the query or raise the collector's max_series"
-                )
+                raise TooManySeriesError(too_many)
+    return columns, rows
+
+
+async def ranked(
+    runtime: CollectorRuntime, batches: AsyncGenerator[Batch, None], now: Callable[[], float],
+    cap: int,
+) -> AsyncGenerator[Batch, None]:  # fmt: skip
+    """The run's batches read whole (at most ``cap`` rows), ranked, as one batch."""
+    collector = runtime.collector
+    columns, rows = await read_whole(
+        batches, cap, f"collector {collector.key}: more than {cap} rows to rank; nothing is "
+        "published. Narrow the query or raise the collector's max_series",
+    )  # fmt: skip
     if not rows:
         return
     shape = shape_for(runtime, *columns)
