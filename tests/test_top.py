@@ -158,3 +158,14 @@ def test_dry_run_prints_a_probe_so_that_the_output_loads_again() -> None:
     text = render_definitions(Definitions((collector,)))
     assert "    id: query\n" in text
     assert PROBE in text
+
+
+def test_a_probe_on_a_pgbouncer_branch_is_refused_at_loading() -> None:
+    """pgBouncer's console takes no parameter, so a probed branch tagged pgbouncer (the
+    only ones run there, D4) is refused where it is written, not at each run."""
+    notes = Notes("c.yml")
+    top = {"by": "reads", "limit": 2, "probe": PROBE, "id": "query"}
+    body = {**BODY, "top": top, "tags": ["pgbouncer"]}
+    assert read_branch(notes, "pg_q", body, 0) is None
+    assert [p.location for p in notes.problems] == ["c.yml:pg_q.top.probe"]
+    assert "pgBouncer's console, which takes none" in notes.problems[0].message

@@ -204,12 +204,7 @@ class Session:
                 return SKIPPED
         if session and collector.predicates:
             self._check_read_only(conn, collector)  # a predicate may have turned it off
-        if self.pgbouncer:
-            if collector.top is not None and collector.top.probe is not None:
-                raise CollectorError(
-                    f"collector {collector.key}: a top probe needs PostgreSQL (its query "
-                    "takes the named keys as a parameter); pgBouncer's console has none"
-                )
+        if self.pgbouncer:  # no probe here: loading refuses one on a pgbouncer branch
             return await self._build(
                 collector, postgres.console_batches(cur, collector.query), runtime
             )

@@ -61,6 +61,12 @@ def read_branch(notes: Notes, key: object, body: object, default_priority: int) 
     top = read_top(notes, key, body.get("top"), columns)
     predicates = _read_predicates(notes, key, body.get("predicate_queries"))
     tags = _read_tags(notes, f"{key}.tags", body.get("tags"))
+    if top is not None and top.probe is not None and "pgbouncer" in tags:
+        notes.error(
+            f"{key}.top.probe",
+            "a probe needs PostgreSQL: its query takes the named keys as a parameter, and "
+            "a branch tagged pgbouncer runs on pgBouncer's console, which takes none",
+        )
     scheduling = _read_scheduling(notes, key, body, default_priority)
     if len(notes.problems) > before:
         return None
