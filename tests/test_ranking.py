@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.collect.ranking import BURST, HEAVY_SHARE, Key, Ranking
+from exporter.collect.ranking import BURST, HEAVY_SHARE, WINDOW, Group, Key, Ranking
 from exporter.config.definitions import Top
 
 GROUP = ("db",)
@@ -316,3 +316,28 @@ def test_a_group_with_an_unnamed_key_publishes_its_remainder_while_a_named_key_i
     decision = ranking.run(10, [(a, GROUP, [0, 100]), (c, GROUP, [0, 1])])  # b away, c new
     assert c not in decision.named
     assert decision.remainder == {GROUP: [0, 1]}
+
+
+def test_a_listing_passed_again_is_not_walked_and_an_absent_key_is_kept_its_while() -> None:
+    """A probe passes the same mapping while its keys stay the same: sweeps then find
+    none absent without walking them. When a key goes, it is remembered ``forget``
+    seconds from the last run it was listed in, however long the listing stood still."""
+    ranking = Ranking(Top("time", 1, 2, 60), counters=1, by=0, width=1)
+    present: dict[Key, Group] = {("a",): GROUP, ("b",): GROUP}
+    ranking.run_moved(0.0, present, [(("a",), (1,)), (("b",), (2,))])
+    now = 0.0
+    for _ in range(60):  # ten minutes of the same listing, a run every 10 s
+        now += 10
+        ranking.run_moved(now, present, [])
+    assert ranking.swept_present is present
+    left: dict[Key, Group] = {
+        ("a",): GROUP
+    }  # b is gone after the last run that listed it, at `now`
+    gone_at = now
+    while now < gone_at + ranking.forget - 10:
+        now += 10
+        ranking.run_moved(now, left, [])
+        assert ("b",) in ranking.keys, now - gone_at
+    now += 20
+    ranking.run_moved(now + WINDOW, left, [])  # a sweep past the horizon
+    assert ("b",) not in ranking.keys

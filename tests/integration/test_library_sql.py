@@ -45,13 +45,7 @@ def _sql(key: str) -> str:
 
 def _rows(conn: psycopg.Connection[Any], key: str) -> list[dict[str, Any]]:
     """The branch's rows, its @extschema:NAME@ named as the planner names it."""
-    schemas = dict(
-        conn.execute(
-            "SELECT e.extname, quote_ident(n.nspname) FROM pg_extension e"
-            " JOIN pg_namespace n ON n.oid = e.extnamespace"
-        ).fetchall()
-    )
-    sql = re.sub(r"@extschema:(\w+)@", lambda m: str(schemas[m.group(1)]), _sql(key))
+    sql = _named(conn, _sql(key))
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(sql).fetchall()
 
